@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# CPU install profile: SGLang 0.5.23 on the CPU build of torch 2.13.0, without SGLang's
+# CUDA-only requirements, plus sglang-graft (editable) and its CPU support. Idempotent.
+#
+#   bash scripts/install_cpu.sh            # venv at ./.venv
+#   VENV=/path/to/venv bash scripts/install_cpu.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+
+# 1. torch first, pinned to the CPU build (SGLang pins the CUDA build of 2.14.1).
+pip install -c requirements/cpu-constraints.txt torch==2.13.0
+"$VENV/bin/python" -c 'import torch, sys; sys.exit(0 if "+cpu" in torch.__version__ else "torch is not a CPU build: " + torch.__version__)'
+# 2. SGLang itself without its dependency pins, 3. its runtime requirements minus CUDA-only ones.
+pip install --no-deps sglang==0.5.23
+pip install -c requirements/cpu-constraints.txt -r requirements/cpu.txt
+# 4. sglang-graft, editable, without re-resolving SGLang's CUDA pins.
+pip install --no-deps --no-build-isolation -e .
+# 5. The interpreter-start hook of the CPU profile (see python/sglang_graft/sglang/cpu/boot.py).
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "import sglang_graft.sglang.cpu.boot" > "$SITE/sglang_graft_cpu.pth"
+"$VENV/bin/python" -c 'import sglang_graft, sgl_kernel, torchvision.transforms; print("sglang-graft CPU profile ready:", sgl_kernel.__version__)'

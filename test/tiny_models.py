@@ -1,0 +1,151 @@
+"""Builds tiny random models for tests, offline, in seconds.
+
+* a byte-level BPE tokenizer trained locally on the Python standard library's own sources
+  (always present, no network), saved as ``PreTrainedTokenizerFast`` with a ChatML template;
+* a tiny Llama and a tiny Qwen3 target (random weights, HF format, safetensors, float32);
+* a tiny random EAGLE-3 head for the Llama target, in the format SGLang's
+  ``LlamaForCausalLMEagle3`` loads (SpecForge's export format: one ``midlayer`` decoder layer fed
+  by the fused low/mid/high target hidden states, ``fc``, ``norm``, a reduced draft vocabulary
+  ``lm_head`` and the ``d2t`` / ``t2d`` maps).
+
+Usage: ``python test/tiny_models.py OUT_DIR`` writes ``OUT_DIR/{tokenizer,llama,qwen3,llama-eagle3}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import sysconfig
+from pathlib import Path
+
+import torch
+
+VOCAB = 4096
+DRAFT_VOCAB = 1024
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TARGET_DIMS = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=32, max_position_embeddings=2048, rms_norm_eps=1e-6)
+
+
+def _corpus(max_bytes: int = 3_000_000):
+    """Deterministic text: stdlib ``.py`` files in sorted order, up to ``max_bytes``."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    total = 0
+    for path in sorted(root.glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        total += len(text)
+        yield text
+        if total >= max_bytes:
+            return
+
+
+def build_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+
+def _save_model(model, tokenizer_dir: Path, out: Path) -> None:
+    model.save_pretrained(out, safe_serialization=True)
+    for f in tokenizer_dir.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+
+
+def build_target(kind: str, tokenizer_dir: Path, out: Path, seed: int = 0) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    eos = 2  # <|im_end|>
+    common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=eos, pad_token_id=0,
+                  tie_word_embeddings=False, initializer_range=0.1, torch_dtype="float32", **TARGET_DIMS)
+    torch.manual_seed(seed)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, **common))
+    elif kind == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(rope_theta=10000.0, **common))
+    else:
+        raise ValueError(f"unknown tiny target kind {kind!r}")
+    _save_model(model.eval(), tokenizer_dir, out)
+
+
+def build_eagle3_head(target_dir: Path, out: Path, seed: int = 1) -> None:
+    """Random EAGLE-3 head for the tiny Llama, with a reduced draft vocabulary."""
+    from safetensors.torch import save_file
+
+    cfg = json.loads((target_dir / "config.json").read_text())
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape, std=0.1):
+        return torch.randn(*shape, generator=g) * std
+
+    # The draft vocabulary: every 4th target id (deterministic), so d2t is a real, non-identity map.
+    draft_to_target = torch.arange(0, VOCAB, VOCAB // DRAFT_VOCAB)[:DRAFT_VOCAB]
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[draft_to_target] = True
+    tensors = {
+        "fc.weight": w(h, 3 * h),
+        "midlayer.hidden_norm.weight": torch.ones(h),
+        "midlayer.input_layernorm.weight": torch.ones(h),
+        "midlayer.post_attention_layernorm.weight": torch.ones(h),
+        "midlayer.self_attn.q_proj.weight": w(nh * hd, 2 * h),
+        "midlayer.self_attn.k_proj.weight": w(nkv * hd, 2 * h),
+        "midlayer.self_attn.v_proj.weight": w(nkv * hd, 2 * h),
+        "midlayer.self_attn.o_proj.weight": w(h, nh * hd),
+        "midlayer.mlp.gate_proj.weight": w(inter, h),
+        "midlayer.mlp.up_proj.weight": w(inter, h),
+        "midlayer.mlp.down_proj.weight": w(h, inter),
+        "norm.weight": torch.ones(h),
+        "lm_head.weight": w(DRAFT_VOCAB, h),
+        "d2t": draft_to_target - torch.arange(DRAFT_VOCAB),
+        "t2d": t2d,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    head_cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": 1,
+        "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd,
+        "vocab_size": VOCAB, "draft_vocab_size": DRAFT_VOCAB,
+        "max_position_embeddings": cfg["max_position_embeddings"], "rms_norm_eps": cfg["rms_norm_eps"],
+        "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+        "bos_token_id": 0, "eos_token_id": 2, "torch_dtype": "float32",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True},
+    }
+    (out / "config.json").write_text(json.dumps(head_cfg, indent=2))
+
+
+def build_all(out: Path) -> dict[str, Path]:
+    """Build every tiny fixture under ``out`` (idempotent); returns their directories."""
+    out = Path(out)
+    paths = {name: out / name for name in ("tokenizer", "llama", "qwen3", "llama-eagle3")}
+    if not (paths["tokenizer"] / "tokenizer.json").exists():
+        build_tokenizer(paths["tokenizer"])
+    for kind in ("llama", "qwen3"):
+        if not (paths[kind] / "config.json").exists():
+            build_target(kind, paths["tokenizer"], paths[kind])
+    if not (paths["llama-eagle3"] / "config.json").exists():
+        build_eagle3_head(paths["llama"], paths["llama-eagle3"])
+    return paths
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python test/tiny_models.py OUT_DIR")
+    for name, p in build_all(Path(sys.argv[1])).items():
+        print(f"{name}: {p}")
