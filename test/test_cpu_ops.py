@@ -1,0 +1,184 @@
+"""The pure-torch sgl-kernel CPU ops, each checked against a plain (loop-per-element) reference on
+random inputs. Tree build / greedy verify are checked in the tree-core tests (against SGLang's own
+kernels) and here through the adapters that SGLang calls."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sglang_graft.sglang.cpu import kv_ops
+from sglang_graft.sglang.cpu.attention import decode_attention_cpu, extend_attention_cpu, register_attention_ops
+
+
+def _ref_attention(q, keys, values, allowed, scale, cap, sink):
+    """One query head: q [D], keys [L, D], values [L, Dv], allowed [L] bool (float64 loops)."""
+    logits = []
+    for j in range(keys.shape[0]):
+        if not allowed[j]:
+            continue
+        s = scale * sum(float(q[d]) * float(keys[j, d]) for d in range(q.shape[0]))
+        if cap > 0:
+            s = cap * math.tanh(s / cap)
+        logits.append((j, s))
+    m = max([s for _, s in logits] + ([float(sink)] if sink is not None else []))
+    denom = sum(math.exp(s - m) for _, s in logits) + (math.exp(float(sink) - m) if sink is not None else 0.0)
+    out = [0.0] * values.shape[1]
+    for j, s in logits:
+        w = math.exp(s - m) / denom
+        for d in range(values.shape[1]):
+            out[d] += w * float(values[j, d])
+    return torch.tensor(out)
+
+
+def _setup(bs, seq_lens, H, Hkv, D, pool=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    k_buf = torch.randn(pool, Hkv, D, generator=g)
+    v_buf = torch.randn(pool, Hkv, D, generator=g)
+    req_to_token = torch.zeros(bs + 2, 128, dtype=torch.int32)
+    perm = torch.randperm(pool - 1, generator=g) + 1
+    rpi = torch.tensor([2, 0, 3][:bs], dtype=torch.int64)
+    off = 0
+    for b in range(bs):
+        req_to_token[rpi[b], : seq_lens[b]] = perm[off : off + seq_lens[b]].to(torch.int32)
+        off += seq_lens[b]
+    return g, k_buf, v_buf, req_to_token, rpi
+
+
+@pytest.mark.parametrize("H,Hkv,window,cap,use_sink", [(4, 2, 0, 0.0, False), (6, 2, 5, 30.0, True), (2, 2, 0, 0.0, True)])
+def test_decode_attention_matches_reference(H, Hkv, window, cap, use_sink):
+    D, bs = 8, 3
+    seq_lens = [9, 1, 14]
+    g, k_buf, v_buf, r2t, rpi = _setup(bs, seq_lens, H, Hkv, D)
+    q = torch.randn(bs, H, D, generator=g)
+    new_k, new_v = torch.randn(bs, Hkv, D, generator=g), torch.randn(bs, Hkv, D, generator=g)
+    loc = torch.tensor([int(r2t[rpi[b], seq_lens[b] - 1]) for b in range(bs)])
+    sinks = torch.randn(H, generator=g) if use_sink else None
+    out = torch.empty(bs, H, D)
+    k_ref, v_ref = k_buf.clone(), v_buf.clone()
+    decode_attention_cpu(q, k_buf, v_buf, 1.0, 1.0, out, new_k, new_v, loc, torch.empty(0), r2t, rpi,
+                         torch.tensor(seq_lens), 0.3, cap, False, window, None, sinks)
+    k_ref[loc], v_ref[loc] = new_k, new_v
+    assert torch.equal(k_buf, k_ref) and torch.equal(v_buf, v_ref)  # the new token's KV was stored
+    for b in range(bs):
+        L = seq_lens[b]
+        slots = r2t[rpi[b], :L].long()
+        allowed = [window <= 0 or (L - 1 - j) < window for j in range(L)]
+        for h in range(H):
+            kv = h // (H // Hkv)
+            ref = _ref_attention(q[b, h], k_ref[slots, kv], v_ref[slots, kv], allowed, 0.3, cap,
+                                 sinks[h] if use_sink else None)
+            torch.testing.assert_close(out[b, h], ref.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_extend_attention_matches_reference(tree):
+    H, Hkv, D, bs, E = 4, 2, 8, 2, 5
+    prefix = [7, 3]
+    seq_lens = [p + E for p in prefix]
+    g, k_buf, v_buf, r2t, rpi = _setup(bs, seq_lens, H, Hkv, D, seed=1)
+    q = torch.randn(bs * E, H, D, generator=g)
+    # a random tree per request: parent[i] < i, node 0 is the root; ancestor-or-self mask
+    mask = torch.zeros(bs, E, E, dtype=torch.bool)
+    for b in range(bs):
+        parent = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, E)]
+        for i in range(E):
+            j = i
+            while j != -1:
+                mask[b, i, j] = True
+                j = parent[j]
+    out = torch.empty(bs * E, H, D)
+    k_ext = torch.stack([k_buf[r2t[rpi[b], prefix[b] + i].long()] for b in range(bs) for i in range(E)])
+    v_ext = torch.stack([v_buf[r2t[rpi[b], prefix[b] + i].long()] for b in range(bs) for i in range(E)])
+    extend_attention_cpu(q, k_ext, v_ext, out, k_buf, v_buf, 1.0, 1.0, r2t, rpi, torch.tensor(seq_lens),
+                         torch.tensor([E] * bs), torch.arange(0, bs * E, E), E, 0.25, 0.0, False, 0, None, None,
+                         mask.reshape(-1) if tree else None, True)
+    for b in range(bs):
+        slots = r2t[rpi[b], : seq_lens[b]].long()
+        for i in range(E):
+            allowed = [True] * prefix[b] + [bool(mask[b, i, j]) if tree else j <= i for j in range(E)]
+            for h in range(H):
+                kv = h // (H // Hkv)
+                ref = _ref_attention(q[b * E + i, h], k_buf[slots, kv], v_buf[slots, kv], allowed, 0.25, 0.0, None)
+                torch.testing.assert_close(out[b * E + i, h], ref.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_ops_registered_in_torch_library():
+    register_attention_ops()
+    assert hasattr(torch.ops.sgl_kernel, "decode_attention_cpu")
+    assert hasattr(torch.ops.sgl_kernel, "extend_attention_cpu")
+
+
+def _ragged(seed, bs=4, pool_len=40):
+    g = torch.Generator().manual_seed(seed)
+    rpi = torch.randperm(6, generator=g)[:bs]
+    start = torch.randint(0, 10, (bs,), generator=g)
+    end = start + torch.randint(0, 8, (bs,), generator=g)
+    r2t = torch.randint(0, 1000, (6, pool_len), generator=g, dtype=torch.int32)
+    return g, rpi, start, end, r2t
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_assign_req_to_token_pool_and_extend_locs(seed):
+    g, rpi, start, end, r2t = _ragged(seed)
+    n = int((end - start).sum())
+    locs = torch.randint(0, 5000, (n,), generator=g)
+    expect = r2t.clone()
+    k = 0
+    for i in range(rpi.numel()):
+        for j in range(int(start[i]), int(end[i])):
+            expect[rpi[i], j] = int(locs[k])
+            k += 1
+    kv_ops.assign_req_to_token_pool_cpu(rpi, r2t, start, end, locs, r2t.shape[1])
+    assert torch.equal(r2t, expect)
+    out = torch.full((n,), -7, dtype=torch.int64)
+    kv_ops.assign_extend_cache_locs_cpu(rpi, r2t, start, end, out, r2t.shape[1])
+    assert torch.equal(out, locs)
+
+
+@pytest.mark.parametrize("topk,steps", [(1, 3), (2, 3), (4, 2)])
+def test_draft_cache_locs_and_decode_metadata(topk, steps):
+    g = torch.Generator().manual_seed(topk * 10 + steps)
+    r2t = torch.randint(0, 999, (5, 32), generator=g, dtype=torch.int32)
+    rpi = torch.tensor([3, 1])
+    sl = torch.tensor([4, 9])
+    out = torch.empty(2 * topk * steps, dtype=torch.int64)
+    kv_ops.assign_draft_cache_locs_contiguous_cpu(rpi, r2t, sl, out, 32, topk, steps)
+    expect = [int(r2t[rpi[b], sl[b] + j]) for b in range(2) for j in range(topk * steps)]
+    assert out.tolist() == expect
+    meta = kv_ops.build_draft_decode_metadata_cpu(r2t, rpi, sl, topk, steps, 32)
+    assert meta.shape == (2 * topk, 32) and meta.dtype == torch.int32
+    for b in range(2):
+        for t in range(topk):
+            row = meta[b * topk + t]
+            assert torch.equal(row[: sl[b]], r2t[rpi[b], : sl[b]])
+            for s in range(steps):
+                assert row[sl[b] + s] == r2t[rpi[b], sl[b] + t * steps + s]
+
+
+def test_bonus_tokens_and_accept_cache_locs():
+    accept_tokens = torch.arange(12, dtype=torch.int32).view(3, 4) + 100
+    accept_lens = torch.tensor([1, 4, 2], dtype=torch.int32)
+    bonus = torch.empty(3, dtype=torch.int32)
+    kv_ops.fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus, 4)
+    assert bonus.tolist() == [100, 107, 109]
+    accept_index = torch.tensor([[0, 2, -1], [4, -1, -1], [6, 7, 8]], dtype=torch.int32)
+    ocl = torch.arange(9, dtype=torch.int64) * 10
+    out = torch.full((6,), -1, dtype=torch.int64)
+    kv_ops.fill_accept_out_cache_loc_cpu(accept_index, ocl, out)
+    assert out.tolist() == [0, 20, 40, 60, 70, 80]
+
+
+def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer():
+    bufs = [torch.randn(20, 2, 4), torch.randn(20, 3, 2).to(torch.bfloat16)]
+    before = [b.clone() for b in bufs]
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64)
+    strides = torch.tensor([b[0].numel() * b.element_size() for b in bufs], dtype=torch.int64)
+    tgt, src = torch.tensor([1, 2, 3]), torch.tensor([10, 11, 19])
+    kv_ops.copy_all_layer_kv_cache_cpu(ptrs, strides, tgt, src)
+    for b, orig in zip(bufs, before):
+        expect = orig.clone()
+        expect[tgt] = orig[src]
+        assert torch.equal(b, expect)
