@@ -1,0 +1,233 @@
+"""Token-recycling adjacency matrix: the target model's top-k successors of every token.
+
+The matrix is a ``[vocab, k]`` int32 table held on the model's device. After each
+verification step the worker writes, for every verified node (accepted or rejected), the
+target's top-k next tokens at that node into the node token's row (``update``). Proposals
+expand a static BFS template from each request's root token, one gather per depth, for the
+whole batch at once (``propose``): no Python loop over nodes and no host synchronisation.
+
+Choices, documented because callers depend on them:
+
+* Initial content: all rows are token 0 and ``filled[v]`` is False. A node whose parent's row
+  is unfilled (or whose parent is itself invalid) is invalid: token 0, not proposed.
+* Duplicate tokens in one ``update``: the *last* occurrence wins. Every write to a row carries
+  the winner's data, so the scatter is deterministic whatever order the device applies it in.
+* Template: a static tree built once per ``widths`` from ``k``. At depth ``d + 1`` the ``w``
+  slots go to the (parent at depth ``d``, rank ``r``) pairs with the smallest cumulative rank
+  (the sum of ranks on the path), ties broken by the parent's cumulative rank, then the
+  parent's index, then ``r``. The greedy chain (all ranks 0) has cumulative rank 0, so it is
+  the first node at every depth and runs deepest. Each node's static score is minus its
+  cumulative rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["RecyclingMatrix", "RecyclingTemplate", "DEFAULT_WIDTHS", "build_template"]
+
+# Published token-recycling profile: 52 nodes over 9 depths.
+DEFAULT_WIDTHS: tuple[int, ...] = (8, 10, 8, 6, 5, 4, 4, 4, 3)
+
+
+@dataclass(frozen=True)
+class RecyclingTemplate:
+    """A static proposal tree; every array is length K (the node count), in BFS order.
+
+    parents: int64 [K] (-1 = child of the root, parents[i] < i); ranks: int64 [K], which
+    column of the parent's row supplies the token; cumulative_ranks: int64 [K]; scores:
+    float32 [K] (= -cumulative_ranks); depth_offsets: int64 [D + 1], nodes of depth d + 1 are
+    ``[depth_offsets[d], depth_offsets[d + 1])``.
+    """
+
+    widths: tuple[int, ...]
+    k: int
+    parents: np.ndarray
+    ranks: np.ndarray
+    cumulative_ranks: np.ndarray
+    scores: np.ndarray
+    depth_offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.parents.shape[0])
+
+
+def build_template(widths: Sequence[int], k: int) -> RecyclingTemplate:
+    """Static BFS tree with ``widths[d]`` nodes at depth ``d + 1`` (see module docstring)."""
+    widths = tuple(int(w) for w in widths)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if any(w < 1 for w in widths):
+        raise ValueError(f"widths must be positive, got {widths}")
+    parents: list[int] = []
+    ranks: list[int] = []
+    cumulative: list[int] = []
+    offsets = [0]
+    frontier = [(-1, 0)]  # (node index, cumulative rank); the root has cumulative rank 0
+    for depth, width in enumerate(widths):
+        candidates = sorted(
+            (parent_cum + r, parent_cum, parent, r)
+            for parent, parent_cum in frontier
+            for r in range(k)
+        )
+        if width > len(candidates):
+            raise ValueError(
+                f"width {width} at depth {depth + 1} exceeds the {len(candidates)} slots "
+                f"that {len(frontier)} parents with k={k} offer"
+            )
+        frontier = []
+        for cum, _, parent, r in candidates[:width]:
+            frontier.append((len(parents), cum))
+            parents.append(parent)
+            ranks.append(r)
+            cumulative.append(cum)
+        offsets.append(len(parents))
+    cumulative_ranks = np.array(cumulative, dtype=np.int64)
+    return RecyclingTemplate(
+        widths=widths,
+        k=k,
+        parents=np.array(parents, dtype=np.int64),
+        ranks=np.array(ranks, dtype=np.int64),
+        cumulative_ranks=cumulative_ranks,
+        scores=(-cumulative_ranks).astype(np.float32),
+        depth_offsets=np.array(offsets, dtype=np.int64),
+    )
+
+
+class _DeviceTemplate:
+    """A template's index tensors on one device, sliced per depth once."""
+
+    def __init__(self, template: RecyclingTemplate, device: torch.device) -> None:
+        self.template = template
+        self.parents = torch.from_numpy(template.parents).to(device)
+        self.scores = torch.from_numpy(template.scores).to(device)
+        self.levels: list[tuple[int, int, torch.Tensor, torch.Tensor | None]] = []
+        offsets = template.depth_offsets.tolist()
+        for d in range(len(offsets) - 1):
+            begin, end = offsets[d], offsets[d + 1]
+            ranks = torch.from_numpy(template.ranks[begin:end]).to(device)
+            parents = None if d == 0 else torch.from_numpy(template.parents[begin:end]).to(device)
+            self.levels.append((begin, end, ranks, parents))
+
+
+class RecyclingMatrix:
+    """``[vocab_size, k]`` successor table with batched update and template proposals.
+
+    Args:
+        vocab_size: rows of the table (token ids must be in ``[0, vocab_size)``).
+        k: successors kept per token.
+        widths: default template (``DEFAULT_WIDTHS``: 52 nodes, needs ``k >= 8``).
+        device: where the table lives (the model's device in serving).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        k: int = 8,
+        widths: Sequence[int] = DEFAULT_WIDTHS,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        self.vocab_size = int(vocab_size)
+        self.k = int(k)
+        self.device = torch.device(device)
+        self.successors = torch.zeros(self.vocab_size, self.k, dtype=torch.int32, device=self.device)
+        self.filled = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+        self.default_widths = tuple(int(w) for w in widths)
+        self._templates: dict[tuple[int, ...], _DeviceTemplate] = {}
+        self._template(self.default_widths)  # validate widths against k now
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the table and its row mask."""
+        return self.successors.nbytes + self.filled.nbytes
+
+    def template(self, widths: Sequence[int] | None = None) -> RecyclingTemplate:
+        """The static tree used for ``widths`` (default: the constructor's)."""
+        return self._template(self._widths(widths)).template
+
+    def _widths(self, widths: Sequence[int] | None) -> tuple[int, ...]:
+        return self.default_widths if widths is None else tuple(int(w) for w in widths)
+
+    def _template(self, widths: tuple[int, ...]) -> _DeviceTemplate:
+        cached = self._templates.get(widths)
+        if cached is None:
+            cached = _DeviceTemplate(build_template(widths, self.k), self.device)
+            self._templates[widths] = cached
+        return cached
+
+    def reset(self) -> None:
+        """Forget every row (back to the initial, all-unfilled table)."""
+        self.successors.zero_()
+        self.filled.zero_()
+
+    def update(self, node_tokens: torch.Tensor, node_topk: torch.Tensor) -> None:
+        """Write ``node_topk[i]`` into row ``node_tokens[i]``; the last duplicate wins.
+
+        node_tokens: int64 [n] on the table's device, each in ``[0, vocab_size)``;
+        node_topk: int64 (or int32) [n, k], the target's top-k next tokens at each node,
+        best first. No host synchronisation.
+        """
+        n = node_tokens.shape[0]
+        if node_topk.shape != (n, self.k):
+            raise ValueError(f"node_topk must be [{n}, {self.k}], got {tuple(node_topk.shape)}")
+        if n == 0:
+            return
+        # Stable sort groups equal tokens with their original order kept, so the last member
+        # of each run is the last occurrence. Every member then writes the winner's row.
+        sorted_tokens, order = torch.sort(node_tokens, stable=True)
+        positions = torch.arange(n, device=node_tokens.device)
+        run_last = torch.ones(n, dtype=torch.bool, device=node_tokens.device)
+        run_last[:-1] = sorted_tokens[1:] != sorted_tokens[:-1]
+        run_end = torch.where(run_last, positions, n)
+        run_end = torch.flip(torch.cummin(torch.flip(run_end, (0,)), 0).values, (0,))
+        winners = order[run_end]
+        self.successors.index_copy_(0, sorted_tokens, node_topk[winners].to(torch.int32))
+        self.filled.index_fill_(0, node_tokens, True)
+
+    def propose(
+        self, root_tokens: torch.Tensor, widths: Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expand the template under every root token.
+
+        root_tokens: int64 [bs] (the last token of each request's context).
+        Returns ``(tokens [bs, K] int64, valid [bs, K] bool)``; invalid nodes hold token 0.
+        The tree shape is ``template(widths).parents`` ([K], shared by the batch).
+        """
+        plan = self._template(self._widths(widths))
+        bs = root_tokens.shape[0]
+        K = len(plan.template)
+        tokens = torch.zeros(bs, K, dtype=torch.int64, device=self.device)
+        valid = torch.zeros(bs, K, dtype=torch.bool, device=self.device)
+        for begin, end, ranks, parents in plan.levels:
+            if parents is None:
+                parent_tokens = root_tokens.unsqueeze(1).expand(bs, end - begin)
+                parent_valid = self.filled[root_tokens].unsqueeze(1)
+            else:
+                parent_tokens = tokens[:, parents]
+                parent_valid = valid[:, parents] & self.filled[parent_tokens]
+            level_tokens = self.successors[parent_tokens, ranks].to(torch.int64)
+            tokens[:, begin:end] = torch.where(parent_valid, level_tokens, 0)
+            valid[:, begin:end] = parent_valid
+        return tokens, valid
+
+    def propose_padded(
+        self, root_tokens: torch.Tensor, widths: Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``propose`` in the padded batch format of ``stack_trees``.
+
+        Returns ``(tokens [bs, K] int64, parents [bs, K] int64, scores [bs, K] float32,
+        valid [bs, K] bool)``; invalid slots hold token 0, parent -1 and score -inf. The valid
+        nodes are closed under taking parents but need not be a prefix of the K slots.
+        """
+        plan = self._template(self._widths(widths))
+        tokens, valid = self.propose(root_tokens, widths)
+        bs = root_tokens.shape[0]
+        parents = torch.where(valid, plan.parents.unsqueeze(0).expand(bs, -1), -1)
+        scores = torch.where(valid, plan.scores.unsqueeze(0), float("-inf"))
+        return tokens, parents, scores, valid
