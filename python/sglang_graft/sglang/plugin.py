@@ -4,7 +4,9 @@ from __future__ import annotations
 
 
 def register() -> None:
-    """Install CPU support (only when serving on a CPU through the stand-in)."""
-    from sglang_graft.sglang import cpu
+    """Register ``--speculative-algorithm GRAFT`` and its flags, and CPU support when on CPU."""
+    from sglang_graft.sglang import algorithm, cpu
 
+    algorithm.register_algorithm()
+    algorithm.register_hooks()
     cpu.install_hooks()

@@ -52,8 +52,8 @@ def verify_tree_greedy_cpu(
     from sglang_graft.tree import verify_tree_greedy
 
     verify_tree_greedy(
-        predicts, accept_index, accept_token_num, candidates,
-        retrive_index, retrive_next_token, retrive_next_sibling, target_predict,
+        candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict,
+        predicts=predicts, accept_index=accept_index, accept_token_num=accept_token_num,
     )
 
 
