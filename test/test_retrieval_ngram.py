@@ -117,3 +117,16 @@ def test_rejects_out_of_range_ids():
     with pytest.raises(ValueError):
         index.extend([2**31])
     assert len(index) == 0
+
+
+def test_memory_is_bounded_by_the_context_cap():
+    rng = np.random.default_rng(2)
+    cap = 1000
+    index = NgramIndex(2, 4, context_cap=cap)
+    sizes = []
+    for _ in range(12):
+        index.extend(rng.integers(0, 50, 500))
+        sizes.append(index.nbytes)
+        assert len(index) <= cap
+    assert len(set(sizes[3:])) == 1
+    assert sizes[-1] <= 60 * cap

@@ -132,10 +132,20 @@ def test_unfilled_rows_propose_nothing_and_reset_forgets():
     assert not valid.any() and (tokens == 0).all()
     matrix.update(torch.tensor([2]), torch.arange(8, 16).unsqueeze(0))
     _, valid = matrix.propose(torch.tensor([2]))
-    # Row 2 is filled, its successors 0..7 are not: only depth 1 is valid.
+    # Row 2 is filled, its successors 8..15 are not: only depth 1 is valid.
     assert valid[0].tolist() == [True] * 8 + [False] * 44
     matrix.reset()
-    assert not matrix.propose(torch.tensor([2]))[1].any()
+    assert not matrix.propose(torch.tensor([2]))[1].any() and not matrix.filled.any()
+
+
+def test_table_shape_dtype_and_untouched_sentinel_row():
+    matrix = RecyclingMatrix(16, k=8)
+    assert matrix.table.shape == (16, 8) and matrix.table.dtype == torch.int32
+    assert matrix.filled.shape == (16,) and matrix.filled.dtype == torch.bool
+    matrix.update(torch.arange(16), torch.arange(8).repeat(16, 1))
+    assert matrix.filled.all()
+    # The extra sentinel row is never written: invalid nodes keep propagating as invalid.
+    assert (matrix.successors[16] == 16).all()
 
 
 def test_update_accepts_int32_topk_and_checks_shape():

@@ -33,10 +33,14 @@ contexts = st.lists(st.sampled_from(ALPHABET), max_size=70)
 chunkings = st.lists(st.integers(1, 9), max_size=6)
 
 
-@settings(max_examples=250, deadline=None)
-@given(contexts, chunkings, st.integers(1, 6), st.integers(1, 6), st.integers(1, 30))
-def test_match_and_proposal_equal_naive_scan(context, chunks, max_occ, max_depth, max_nodes):
-    sam = SuffixAutomaton(max_occurrences=max_occ)
+@settings(max_examples=300, deadline=None)
+@given(
+    contexts, chunkings, st.integers(1, 6), st.integers(1, 6), st.integers(1, 30),
+    st.one_of(st.none(), st.integers(0, 12)),
+)
+def test_match_and_proposal_equal_naive_scan(context, chunks, max_occ, max_depth, max_nodes, budget):
+    # Small walk budgets force the text-scan path for the occurrences; None is the default.
+    sam = SuffixAutomaton(max_occurrences=max_occ, walk_budget=budget)
     feed(sam, context, chunks)
     assert len(sam) == len(context)
     assert sam.window().tolist() == context
@@ -136,6 +140,28 @@ def test_long_run_of_one_token():
     assert sam.num_states <= 2 * n - 1
 
 
+def test_frequent_match_scan_and_walk_agree():
+    # A 5-token motif separated by fresh tokens: the match is the motif, with ~2700 earlier
+    # occurrences, enough for the default budget to hand over to the text scan.
+    rng = np.random.default_rng(5)
+    context = []
+    while len(context) < 16000:
+        context += [11, 12, 13, 14, 15, int(rng.integers(100, 1 << 20))]
+    context += [11, 12, 13, 14, 15]
+    walked = SuffixAutomaton(walk_budget=1 << 30)
+    scanned = SuffixAutomaton(walk_budget=0)
+    default = SuffixAutomaton()
+    for sam in (walked, scanned, default):
+        sam.extend(context)
+    assert walked.match_length == 5
+    ends = walked.match_end_positions(128).tolist()
+    assert ends == scanned.match_end_positions(128).tolist()
+    assert all(context[e - 4 : e + 1] == [11, 12, 13, 14, 15] for e in ends)
+    assert ends == sorted(ends, reverse=True) and len(ends) == 128
+    for sam in (scanned, default):
+        assert_same_tree(sam.propose(8, 24), walked.propose(8, 24))
+
+
 def test_periodic_sequence():
     context = [1, 2, 3] * 20 + [1, 2]
     sam = SuffixAutomaton(max_occurrences=3)
@@ -157,3 +183,17 @@ def test_growth_past_initial_capacity_keeps_answers():
     assert sam.match_length == length
     assert sam.match_end_positions().tolist() == reference.earlier_end_positions(context, length)
     assert_same_tree(sam.propose(6, 24), reference.propose_from_match(context, length, 16, 6, 24))
+
+
+def test_memory_is_bounded_by_the_context_cap():
+    rng = np.random.default_rng(2)
+    cap = 1000
+    sam = SuffixAutomaton(context_cap=cap)
+    sizes = []
+    for _ in range(12):
+        sam.extend(rng.integers(0, 50, 500))
+        sizes.append(sam.nbytes)
+        assert len(sam) <= cap
+    # After the window first fills, rebuilds reuse the same footprint.
+    assert len(set(sizes[3:])) == 1
+    assert sizes[-1] <= 200 * cap

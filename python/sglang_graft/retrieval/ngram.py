@@ -158,7 +158,7 @@ class NgramIndex:
         self._out_tokens = np.empty(0, dtype=np.int64)
         self._out_parents = np.empty(0, dtype=np.int64)
         self._out_scores = np.empty(0, dtype=np.float32)
-        self._allocate(_MIN_CAPACITY)
+        self._allocate(min(_MIN_CAPACITY, self.context_cap))
 
     def _allocate(self, capacity: int) -> None:
         grams = self.max_n - self.min_n + 1
@@ -172,7 +172,8 @@ class NgramIndex:
     def _grow(self, needed: int) -> None:
         n = len(self)
         text = self._text
-        self._allocate(max(_next_pow2(needed), 2 * self._capacity))
+        # Doubling, but never past the window cap (needed <= context_cap always).
+        self._allocate(min(max(_next_pow2(needed), 2 * self._capacity), self.context_cap))
         self._text[:n] = text[:n]
         # Re-inserting positions in order leaves each slot on its most recent position, and
         # rewrites the chains to the same values.
@@ -204,6 +205,13 @@ class NgramIndex:
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Append token ids (each in ``[0, 2**31)``); O(max_n) per token."""
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        m = tokens.shape[0]
+        # Fast path (every decode step): fits the arrays and the window.
+        if int(self._meta[0]) + m <= min(self._capacity, self.context_cap):
+            if _ngram_extend(self._text, self._chains, self._heads, self._meta, self.min_n, tokens):
+                raise ValueError("token ids must be in [0, 2**31 - 1]")
+            self.total_tokens += m
+            return
         while tokens.shape[0]:
             n = len(self)
             room = self.context_cap - n
@@ -221,7 +229,9 @@ class NgramIndex:
     def _rebuild_tail(self, keep: int) -> None:
         tail = self._text[len(self) - keep : len(self)].astype(np.int64)
         self.window_start += len(self) - keep
-        self._allocate(max(_next_pow2(keep + 1), _MIN_CAPACITY))
+        # Same capacity: the window refills to the cap, so reuse the arrays as they are.
+        self._heads.fill(-1)
+        self._meta[0] = 0
         _ngram_extend(self._text, self._chains, self._heads, self._meta, self.min_n, tail)
 
     def propose(self, max_depth: int, max_nodes: int) -> RetrievedTree:

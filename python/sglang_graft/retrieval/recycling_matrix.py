@@ -8,8 +8,11 @@ whole batch at once (``propose``): no Python loop over nodes and no host synchro
 
 Choices, documented because callers depend on them:
 
-* Initial content: all rows are token 0 and ``filled[v]`` is False. A node whose parent's row
-  is unfilled (or whose parent is itself invalid) is invalid: token 0, not proposed.
+* Initial content: every row holds the sentinel ``vocab_size`` (an id no model emits), and the
+  table has one extra row ``vocab_size`` that holds the sentinel too. A node read from an
+  unfilled row is therefore the sentinel, and so are all nodes below it, which lets ``propose``
+  carry validity inside the token values (one gather per depth, no mask arithmetic). Outputs
+  turn sentinel nodes into token 0 with ``valid`` False. ``filled`` is derived from the table.
 * Duplicate tokens in one ``update``: the *last* occurrence wins. Every write to a row carries
   the winner's data, so the scatter is deterministic whatever order the device applies it in.
 * Template: a static tree built once per ``widths`` from ``k``. At depth ``d + 1`` the ``w``
@@ -99,19 +102,25 @@ def build_template(widths: Sequence[int], k: int) -> RecyclingTemplate:
 
 
 class _DeviceTemplate:
-    """A template's index tensors on one device, sliced per depth once."""
+    """A template's index tensors on one device, sliced per depth once.
+
+    levels[d] = (ranks [w_d], parents relative to depth d's first node [w_d]); depth 1 reads
+    the roots, so its parents are None.
+    """
 
     def __init__(self, template: RecyclingTemplate, device: torch.device) -> None:
         self.template = template
         self.parents = torch.from_numpy(template.parents).to(device)
         self.scores = torch.from_numpy(template.scores).to(device)
-        self.levels: list[tuple[int, int, torch.Tensor, torch.Tensor | None]] = []
+        self.levels: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         offsets = template.depth_offsets.tolist()
         for d in range(len(offsets) - 1):
             begin, end = offsets[d], offsets[d + 1]
             ranks = torch.from_numpy(template.ranks[begin:end]).to(device)
-            parents = None if d == 0 else torch.from_numpy(template.parents[begin:end]).to(device)
-            self.levels.append((begin, end, ranks, parents))
+            parents = None
+            if d > 0:
+                parents = torch.from_numpy(template.parents[begin:end] - offsets[d - 1]).to(device)
+            self.levels.append((ranks, parents))
 
 
 class RecyclingMatrix:
@@ -136,16 +145,28 @@ class RecyclingMatrix:
         self.vocab_size = int(vocab_size)
         self.k = int(k)
         self.device = torch.device(device)
-        self.successors = torch.zeros(self.vocab_size, self.k, dtype=torch.int32, device=self.device)
-        self.filled = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+        # [vocab_size + 1, k]: the last row is the sentinel row (see the module docstring).
+        self.successors = torch.full(
+            (self.vocab_size + 1, self.k), self.vocab_size, dtype=torch.int32, device=self.device
+        )
         self.default_widths = tuple(int(w) for w in widths)
         self._templates: dict[tuple[int, ...], _DeviceTemplate] = {}
         self._template(self.default_widths)  # validate widths against k now
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the table and its row mask."""
-        return self.successors.nbytes + self.filled.nbytes
+        """Bytes of the table."""
+        return self.successors.nbytes
+
+    @property
+    def filled(self) -> torch.Tensor:
+        """bool [vocab_size]: rows written by ``update`` since creation or ``reset``."""
+        return self.successors[: self.vocab_size, 0] != self.vocab_size
+
+    @property
+    def table(self) -> torch.Tensor:
+        """int32 [vocab_size, k]: the successor rows (unfilled rows hold ``vocab_size``)."""
+        return self.successors[: self.vocab_size]
 
     def template(self, widths: Sequence[int] | None = None) -> RecyclingTemplate:
         """The static tree used for ``widths`` (default: the constructor's)."""
@@ -163,15 +184,15 @@ class RecyclingMatrix:
 
     def reset(self) -> None:
         """Forget every row (back to the initial, all-unfilled table)."""
-        self.successors.zero_()
-        self.filled.zero_()
+        self.successors.fill_(self.vocab_size)
 
     def update(self, node_tokens: torch.Tensor, node_topk: torch.Tensor) -> None:
         """Write ``node_topk[i]`` into row ``node_tokens[i]``; the last duplicate wins.
 
         node_tokens: int64 [n] on the table's device, each in ``[0, vocab_size)``;
-        node_topk: int64 (or int32) [n, k], the target's top-k next tokens at each node,
-        best first. No host synchronisation.
+        node_topk: int64 (or int32) [n, k], the target's top-k next tokens at each node, best
+        first, each in ``[0, vocab_size)`` and distinct within a row (as ``torch.topk`` gives),
+        so siblings in proposals are distinct. No host synchronisation.
         """
         n = node_tokens.shape[0]
         if node_topk.shape != (n, self.k):
@@ -187,34 +208,29 @@ class RecyclingMatrix:
         run_end = torch.where(run_last, positions, n)
         run_end = torch.flip(torch.cummin(torch.flip(run_end, (0,)), 0).values, (0,))
         winners = order[run_end]
-        self.successors.index_copy_(0, sorted_tokens, node_topk[winners].to(torch.int32))
-        self.filled.index_fill_(0, node_tokens, True)
+        rows = node_topk.index_select(0, winners).to(torch.int32)
+        self.successors.index_copy_(0, sorted_tokens, rows)
 
     def propose(
         self, root_tokens: torch.Tensor, widths: Sequence[int] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Expand the template under every root token.
 
-        root_tokens: int64 [bs] (the last token of each request's context).
-        Returns ``(tokens [bs, K] int64, valid [bs, K] bool)``; invalid nodes hold token 0.
-        The tree shape is ``template(widths).parents`` ([K], shared by the batch).
+        root_tokens: int64 [bs] (the last token of each request's context, in
+        ``[0, vocab_size)``). Returns ``(tokens [bs, K] int64, valid [bs, K] bool)``; invalid
+        nodes hold token 0. The tree shape is ``template(widths).parents`` ([K], shared by the
+        batch). Two gathers per depth, then three ops for the whole tree.
         """
         plan = self._template(self._widths(widths))
-        bs = root_tokens.shape[0]
-        K = len(plan.template)
-        tokens = torch.zeros(bs, K, dtype=torch.int64, device=self.device)
-        valid = torch.zeros(bs, K, dtype=torch.bool, device=self.device)
-        for begin, end, ranks, parents in plan.levels:
-            if parents is None:
-                parent_tokens = root_tokens.unsqueeze(1).expand(bs, end - begin)
-                parent_valid = self.filled[root_tokens].unsqueeze(1)
-            else:
-                parent_tokens = tokens[:, parents]
-                parent_valid = valid[:, parents] & self.filled[parent_tokens]
-            level_tokens = self.successors[parent_tokens, ranks].to(torch.int64)
-            tokens[:, begin:end] = torch.where(parent_valid, level_tokens, 0)
-            valid[:, begin:end] = parent_valid
-        return tokens, valid
+        levels = []
+        parent_tokens = root_tokens.unsqueeze(1)  # [bs, 1], broadcast against depth 1's ranks
+        for ranks, parents in plan.levels:
+            if parents is not None:
+                parent_tokens = levels[-1][:, parents]
+            levels.append(self.successors[parent_tokens, ranks])  # int32 [bs, w_d]
+        tokens = torch.cat(levels, dim=1)
+        valid = tokens != self.vocab_size
+        return torch.where(valid, tokens, 0).to(torch.int64), valid
 
     def propose_padded(
         self, root_tokens: torch.Tensor, widths: Sequence[int] | None = None

@@ -15,11 +15,13 @@ Layout (all numpy, so the numba kernels run on them directly):
 * ``table`` int32 [pow2 >= 4C]  open-addressing hash (source, token) -> edge index, -1 = empty.
 * ``meta``  int64 [4]           window length, last state, state count, edge count.
 
-``C`` is a power of two >= the window length (grown by doubling); the row counts are the
+``C`` >= the window length is the capacity (doubling from 256, clamped to ``context_cap``),
+so one request holds at most about 124 bytes x ``context_cap`` here; the row counts are the
 classic bounds (at most 2n - 1 states and 3n - 4 transitions), so no kernel ever runs out of
 room mid-token. The end positions of a state are exactly the end positions of the non-clone
 states in its suffix-link subtree, which is how ``propose`` enumerates the match's earlier
-occurrences: in O(number of occurrences) time, independent of the window size.
+occurrences: in O(number of occurrences) time, with a backward text scan taking over for very
+frequent matches so the cost stays O(sqrt(window * max_occurrences)).
 
 Memory bound (documented choice): when the window holds ``context_cap`` tokens and another
 arrives, the automaton is rebuilt over its last ``context_cap // 2`` tokens. Appends stay
@@ -28,6 +30,7 @@ amortized O(1) per token; the rebuild is a one-off pause every ``context_cap // 
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -179,9 +182,39 @@ def _sam_extend(text, states, edges, table, meta, tokens):
 
 
 @jit
-def _recent_match_ends(states, meta, max_occurrences, out_occ):
+def _scan_match_ends(text, n, length, max_occurrences, out_occ):
+    """Most recent earlier end positions of the last ``length`` tokens by a backward scan of
+    the text (descending, at most ``max_occurrences``); return how many."""
+    size = 0
+    last = text[n - 1]
+    for e in range(n - 2, length - 2, -1):
+        if text[e] != last:
+            continue
+        j = 1
+        while j < length and text[e - j] == text[n - 1 - j]:
+            j += 1
+        if j == length:
+            out_occ[size] = e
+            size += 1
+            if size == max_occurrences:
+                break
+    return size
+
+
+@jit
+def _recent_match_ends(text, states, meta, max_occurrences, walk_budget, out_occ):
     """Write the most recent earlier end positions of the match into ``out_occ`` (descending);
-    return how many. Walks the match's suffix-link subtree without a stack."""
+    return how many.
+
+    The match's end positions are the end positions of the non-clone states in its
+    suffix-link subtree, so a walk of that subtree (no stack: child / sibling / link
+    pointers) finds them in O(occurrences). The walk yields them in no particular order, so a
+    bounded min-heap keeps the most recent. A frequent match makes the walk long while its
+    occurrences are dense in the text: past ``walk_budget`` visited states the walk stops
+    and a backward text scan, which then finds ``max_occurrences`` of them quickly, answers
+    instead. Both give the same positions; the budget only bounds the cost (about
+    ``walk_budget + n * max_occurrences / walk_budget`` steps in the worst case).
+    """
     n = meta[0]
     if n < 2 or max_occurrences <= 0:
         return 0
@@ -189,8 +222,12 @@ def _recent_match_ends(states, meta, max_occurrences, out_occ):
     if top <= 0:
         return 0  # the match is empty
     size = 0
+    visited = 0
     node = top
     while True:
+        visited += 1
+        if visited > walk_budget:
+            return _scan_match_ends(text, n, states[top, 0], max_occurrences, out_occ)
         pos = states[node, 2]
         if pos >= 0 and pos < n - 1:
             # Min-heap of the max_occurrences largest positions seen so far.
@@ -232,15 +269,22 @@ def _recent_match_ends(states, meta, max_occurrences, out_occ):
 
 
 @jit
-def _sam_propose(text, states, meta, min_match_len, max_occurrences, max_depth, max_nodes,
-                 out_occ, out_tokens, out_parents, out_scores):
+def _sam_propose(text, states, meta, min_match_len, max_occurrences, walk_budget, max_depth,
+                 max_nodes, out_occ, out_tokens, out_parents, out_scores):
     n = meta[0]
     if n < 2 or states[states[meta[1], 1], 0] < max(min_match_len, 1):
         return 0
-    n_occ = _recent_match_ends(states, meta, max_occurrences, out_occ)
+    n_occ = _recent_match_ends(text, states, meta, max_occurrences, walk_budget, out_occ)
     return build_continuation_tree(
         text, n, out_occ, n_occ, max_depth, max_nodes, out_tokens, out_parents, out_scores
     )
+
+
+@jit
+def _rehash(edges, table, n_edges):
+    for e in range(n_edges):
+        slot = _slot_of(edges, table, edges[e, 0], edges[e, 1])
+        table[slot] = e
 
 
 def _next_pow2(x: int) -> int:
@@ -255,15 +299,21 @@ class SuffixAutomaton:
             over the last ``context_cap // 2`` tokens when the window is full.
         max_occurrences: how many of the most recent earlier occurrences of the match feed
             the proposal tree.
+        walk_budget: states the occurrence walk may visit before a text scan takes over
+            (see ``_recent_match_ends``); None picks ``sqrt(window * max_occurrences / 2)``,
+            which balances the two. It changes the cost, never the answer.
     """
 
-    def __init__(self, context_cap: int = 65536, max_occurrences: int = 128) -> None:
+    def __init__(
+        self, context_cap: int = 65536, max_occurrences: int = 128, walk_budget: int | None = None
+    ) -> None:
         if context_cap < 2:
             raise ValueError(f"context_cap must be >= 2, got {context_cap}")
         if not 1 <= max_occurrences <= MAX_OCCURRENCES:
             raise ValueError(f"max_occurrences must be in [1, {MAX_OCCURRENCES}]")
         self.context_cap = int(context_cap)
         self.max_occurrences = int(max_occurrences)
+        self.walk_budget = walk_budget
         self.total_tokens = 0  # tokens appended since creation, including dropped ones
         self.window_start = 0  # absolute position of text[0]
         self._meta = np.zeros(4, dtype=np.int64)
@@ -271,7 +321,7 @@ class SuffixAutomaton:
         self._out_tokens = np.empty(0, dtype=np.int64)
         self._out_parents = np.empty(0, dtype=np.int64)
         self._out_scores = np.empty(0, dtype=np.float32)
-        self._allocate(_MIN_CAPACITY)
+        self._allocate(min(_MIN_CAPACITY, self.context_cap))
 
     # ------------------------------------------------------------------ storage
     def _allocate(self, capacity: int) -> None:
@@ -286,7 +336,8 @@ class SuffixAutomaton:
         self._measure()
 
     def _grow(self, needed: int) -> None:
-        capacity = max(_next_pow2(needed), 2 * self._capacity)
+        # Doubling, but never past the window cap (needed <= context_cap always).
+        capacity = min(max(_next_pow2(needed), 2 * self._capacity), self.context_cap)
         text, states, edges = self._text, self._states, self._edges
         n_states, n_edges = int(self._meta[_NSTATES]), int(self._meta[_NEDGES])
         self._capacity = capacity
@@ -299,6 +350,11 @@ class SuffixAutomaton:
         self._table = np.full(_next_pow2(4 * capacity), -1, dtype=np.int32)
         _rehash(self._edges, self._table, n_edges)
         self._measure()
+
+    def _walk_budget(self, max_occurrences: int) -> int:
+        if self.walk_budget is not None:
+            return self.walk_budget
+        return max(4 * max_occurrences, math.isqrt(int(self._meta[_N]) * max_occurrences // 2))
 
     def _measure(self) -> None:
         """Recompute ``nbytes``: the bytes held by this automaton's arrays (an attribute, so
@@ -334,13 +390,22 @@ class SuffixAutomaton:
         int64 numpy [<= limit] (all of them when ``limit`` is None)."""
         limit = len(self) if limit is None else int(limit)
         out = np.empty(max(limit, 1), dtype=np.int64)
-        count = _recent_match_ends(self._states, self._meta, limit, out)
+        count = _recent_match_ends(
+            self._text, self._states, self._meta, limit, self._walk_budget(limit), out
+        )
         return out[:count].copy()
 
     # ------------------------------------------------------------------ updates
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Append token ids (each in ``[0, 2**31)``); amortized O(1) per token."""
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        m = tokens.shape[0]
+        # Fast path (every decode step): fits the arrays and the window.
+        if int(self._meta[_N]) + m <= min(self._capacity, self.context_cap):
+            if _sam_extend(self._text, self._states, self._edges, self._table, self._meta, tokens):
+                raise ValueError(f"token ids must be in [0, {MAX_TOKEN_ID}]")
+            self.total_tokens += m
+            return
         while tokens.shape[0]:
             n = int(self._meta[_N])
             room = self.context_cap - n
@@ -358,7 +423,10 @@ class SuffixAutomaton:
     def _rebuild_tail(self, keep: int) -> None:
         tail = self._text[len(self) - keep : len(self)].astype(np.int64)
         self.window_start += len(self) - keep
-        self._allocate(max(_next_pow2(keep + 1), _MIN_CAPACITY))
+        # Same capacity: the window refills to the cap, so reuse the arrays as they are.
+        self._table.fill(-1)
+        self._states[0] = (0, -1, -1, -1, -1, -1, -1)
+        self._meta[:] = (0, 0, 1, 0)
         _sam_extend(self._text, self._states, self._edges, self._table, self._meta, tail)
 
     # ------------------------------------------------------------------ proposals
@@ -378,8 +446,8 @@ class SuffixAutomaton:
             self._measure()
         m = _sam_propose(
             self._text, self._states, self._meta, min_match_len, self.max_occurrences,
-            max_depth, max_nodes, self._occ, self._out_tokens, self._out_parents,
-            self._out_scores,
+            self._walk_budget(self.max_occurrences), max_depth, max_nodes, self._occ,
+            self._out_tokens, self._out_parents, self._out_scores,
         )
         if m == 0:
             return RetrievedTree.empty()
@@ -389,9 +457,3 @@ class SuffixAutomaton:
             scores=self._out_scores[:m].copy(),
         )
 
-
-@jit
-def _rehash(edges, table, n_edges):
-    for e in range(n_edges):
-        slot = _slot_of(edges, table, edges[e, 0], edges[e, 1])
-        table[slot] = e
