@@ -63,6 +63,15 @@ def test_without_fallback_short_matches_propose_nothing():
     assert store.propose_one("a", 4, 8).tokens.tolist() == [5, 6, 9]
 
 
+def test_no_ngram_index_when_it_could_never_answer():
+    useful = RetrievalStore(min_match_len=4, ngram_min_n=2, ngram_max_n=3)
+    useless = RetrievalStore(min_match_len=2, ngram_min_n=2, ngram_max_n=3)
+    alone = RetrievalStore(ngram_fallback=False)
+    for store in (useful, useless, alone):
+        store.create("a", list(range(500)))
+    assert useless.stats().bytes == alone.stats().bytes < useful.stats().bytes
+
+
 def test_requests_do_not_see_each_other():
     a, b = RetrievalStore(), RetrievalStore()
     rng = np.random.default_rng(0)

@@ -2,9 +2,10 @@
 
 For every ``n`` in ``[min_n, max_n]`` the index chains each position to the previous end
 position of the same n-gram, so the earlier occurrences of the current last n-gram come out
-most recent first and the walk stops after ``max_occurrences`` of them. That is what makes it
-the right tool for short matches, which are frequent: the suffix automaton would enumerate
-every occurrence of its match to find the most recent ones.
+most recent first and the walk stops after ``max_occurrences`` of them: the cost is
+O(max_n) per appended token and O(max_occurrences) per proposal whatever the match's
+frequency. That suits short matches, which are frequent, and costs far less memory than the
+automaton (about 4 + 12 * (max_n - min_n + 1) bytes per token of capacity).
 
 ``propose`` uses the largest ``n`` in ``[min_n, max_n]`` whose last n-gram ends at an earlier
 position, and builds the same tree as the automaton from that n-gram's earlier occurrences
@@ -13,7 +14,8 @@ position, and builds the same tree as the automaton from that n-gram's earlier o
 clipped to ``max_n``, so the two sources agree wherever both apply.
 
 Layout: ``text`` int32 [C]; ``chains`` int32 [N, C] with ``chains[k, i]`` = previous end
-position of the ``(min_n + k)``-gram ending at ``i`` (-1: none, or ``i < n - 1``); ``heads``
+position of the ``(min_n + k)``-gram ending at ``i`` (-1: no earlier occurrence, or fewer
+than ``min_n + k`` tokens end at ``i``); ``heads``
 int32 [N, pow2 >= 2C], an open-addressing table whose slots hold the most recent end position
 of one n-gram (-1 = empty; the n-gram itself is read back from ``text`` to resolve
 collisions, so no keys are stored).

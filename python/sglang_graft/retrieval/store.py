@@ -10,8 +10,9 @@ The worker drives it once per decode step for a batch::
 Sources, chosen per request (``create(..., source=...)``, default from the store):
 
 * ``"suffix_automaton"``: the exact longest copy match (``SuffixAutomaton``). When the match
-  is shorter than ``min_match_len`` the n-gram index answers instead (``ngram_fallback``),
-  whose lengths ``[ngram_min_n, ngram_max_n]`` should therefore sit below ``min_match_len``.
+  is shorter than ``min_match_len`` the n-gram index answers instead (``ngram_fallback``) with
+  the match clipped to ``[ngram_min_n, ngram_max_n]``. It can only help when
+  ``ngram_min_n < min_match_len``; otherwise no n-gram index is built for these requests.
 * ``"ngram"``: the n-gram index alone (less memory, prompt-lookup behaviour).
 
 Memory: each request's bytes are the nbytes of its index arrays. Whenever an operation takes
@@ -117,6 +118,9 @@ class RetrievalStore:
         self.ngram_min_n = int(ngram_min_n)
         self.ngram_max_n = int(ngram_max_n)
         self.max_occurrences = int(max_occurrences)
+        # Below min_match_len the automaton's match is < ngram_min_n, so the index would be
+        # built and fed for nothing.
+        self._fallback_useful = self.ngram_fallback and self.ngram_min_n < self.min_match_len
         # Insertion order is the LRU order: the front is the least recently used.
         self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._evicted: set[Hashable] = set()
@@ -138,7 +142,7 @@ class RetrievalStore:
         automaton = ngram = None
         if source == "suffix_automaton":
             automaton = SuffixAutomaton(self.context_cap, self.max_occurrences)
-        if source == "ngram" or self.ngram_fallback:
+        if source == "ngram" or self._fallback_useful:
             ngram = NgramIndex(self.ngram_min_n, self.ngram_max_n, self.context_cap, self.max_occurrences)
         entry = _Entry(automaton, ngram)
         entry.extend(np.asarray(prompt_tokens, dtype=np.int64).reshape(-1))
