@@ -189,3 +189,18 @@ def test_padded_output_follows_stack_trees_conventions():
         t2, p2, s2, v2 = stack_trees([tree], 52)
         assert t2[0, : len(tree)].tolist() == tree.tokens.tolist()
         assert int(v2.sum()) == len(tree)
+
+
+def test_runs_under_deterministic_algorithms():
+    # Serving may enable torch's deterministic mode; update must not rely on an op it forbids.
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        matrix = RecyclingMatrix(32, k=8)
+        tokens = torch.tensor([4, 9, 4], dtype=torch.int64)
+        topk = torch.stack([torch.arange(8), torch.arange(8, 16), torch.arange(16, 24)])
+        matrix.update(tokens, topk)
+        out, valid = matrix.propose(torch.tensor([4]))
+        assert out[0, :8].tolist() == list(range(16, 24)) and valid[0, :8].all()
+    finally:
+        torch.use_deterministic_algorithms(previous)

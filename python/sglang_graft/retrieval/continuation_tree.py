@@ -111,9 +111,9 @@ def build_continuation_tree(text, n_text, occ, n_occ, max_depth, max_nodes, out_
     sort_keys = np.empty(n_occ, dtype=np.int64)
     for j in range(n_occ):
         perm[j] = occ[j]
-    # Candidates pushed at depth d+1 come from disjoint slices of perm, so at most n_occ per
-    # depth; the root expansion counts as depth 0.
-    cap = n_occ * max_depth + 1
+    # Pushes: at most n_occ per depth (expansions at one depth own disjoint slices of perm),
+    # and at most n_occ per expansion, of which there are the root's plus max_nodes - 1.
+    cap = n_occ * min(max_depth, max_nodes) + 1
     h_keys = np.empty(cap, dtype=np.int64)
     h_starts = np.empty(cap, dtype=np.int64)
     h_ends = np.empty(cap, dtype=np.int64)
