@@ -1,0 +1,210 @@
+"""Graft retrieved trees into the budget freed by pruning (GRAFT's "graft" half).
+
+Placement:
+
+* ``"root"`` (published): the retrieved tree hangs under the root, next to the kept draft.
+  A retrieved node whose token path from the root equals a kept draft node's path is
+  *merged* into that draft node (its children follow it there), so siblings stay unique.
+  Unique siblings are what keeps target-only tree sampling lossless: the sampler adds up the
+  target probability of every sibling it tries, and a duplicated token would be counted twice.
+* ``"deepest_draft"`` (extension): the retrieved tree hangs under the deepest kept draft node
+  (ties: highest score, then lowest pool index), or under the root when nothing was kept.
+  That node has no kept children, so nothing can collide there; the proposal should then be
+  built for that node's token (see :func:`graft_anchor`).
+
+Budget: every request gets exactly ``N`` slots: the root, the kept draft nodes, then new
+retrieved nodes ranked by the minimum proposal score on their path (ties by proposal index,
+which keeps every cut ancestor-closed), then padding. Padding is ``pad_token_id`` under the
+root, not linked, hence never verified as a candidate.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from ._ops import first_true_index, match_paths, reduce_along_path
+from .types import DraftPool, GraftTree, PrunedDraft, RetrievalProposals
+
+__all__ = ["Placement", "graft_anchor", "graft"]
+
+Placement = Literal["root", "deepest_draft"]
+
+
+def _check_placement(placement: str) -> None:
+    if placement not in ("root", "deepest_draft"):
+        raise ValueError(f"placement must be 'root' or 'deepest_draft', got {placement!r}")
+
+
+def graft_anchor(
+    pool: DraftPool, pruned: PrunedDraft, root_tokens: torch.Tensor, placement: Placement = "root"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the retrieved tree will hang, so retrieval can be queried for the right token.
+
+    Args:
+        pool: the draft candidates.
+        pruned: the pruning result.
+        root_tokens: ``[bs]`` root (last committed) tokens.
+        placement: ``"root"`` or ``"deepest_draft"``.
+
+    Returns:
+        ``(pool_index [bs], token [bs])``: pool index of the anchor (-1 for the root) and its
+        token.
+    """
+    _check_placement(placement)
+    bs, m = pool.tokens.shape
+    root_tokens = root_tokens.to(torch.int64)
+    if placement == "root" or m == 0:
+        return torch.full((bs,), -1, dtype=torch.int64, device=pool.tokens.device), root_tokens
+    # Depth first, then score: scores lie in [0, 1] so half a score never outweighs a level.
+    key = pool.depths.to(torch.float32) + 0.5 * pool.scores.float().clamp(0.0, 1.0)
+    key = torch.where(pruned.keep, key, -1.0)
+    best = key.argmax(dim=1)
+    has = pruned.keep.any(dim=1)
+    index = torch.where(has, best, -1)
+    token = torch.where(has, pool.tokens.gather(1, best[:, None])[:, 0], root_tokens)
+    return index, token
+
+
+def _rank_among(priority: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+    """Rank of each candidate by priority (descending), ties by index; ``[bs, R] int64``."""
+    r = priority.shape[1]
+    idx = torch.arange(r, device=priority.device)
+    pk = priority[:, None, :]  # k
+    pj = priority[:, :, None]  # j
+    ahead = candidate[:, None, :] & ((pk > pj) | ((pk == pj) & (idx[None, :] < idx[:, None]).unsqueeze(0)))
+    return ahead.sum(dim=2)
+
+
+def graft(
+    pool: DraftPool,
+    pruned: PrunedDraft,
+    root_tokens: torch.Tensor,
+    proposals: RetrievalProposals,
+    num_nodes: int,
+    placement: Placement = "root",
+    pad_token_id: int = 0,
+) -> GraftTree:
+    """Assemble the ``N``-node hybrid tree of each request.
+
+    Args:
+        pool: the draft candidates ``[bs, M]``.
+        pruned: kept candidates (ancestor-closed, at most ``N - 1`` per request).
+        root_tokens: ``[bs]`` root tokens (last committed / bonus token).
+        proposals: retrieved trees ``[bs, R]`` (siblings should be unique; duplicates that
+            slip through are dropped with their subtrees rather than verified twice).
+        num_nodes: ``N``, root included.
+        placement: ``"root"`` (published) or ``"deepest_draft"``.
+        pad_token_id: token of padding slots.
+
+    Returns:
+        A :class:`GraftTree` with fixed ``[bs, N]`` shapes.
+    """
+    _check_placement(placement)
+    n = num_nodes
+    bs, m = pool.tokens.shape
+    r = proposals.tokens.shape[1]
+    device = pool.tokens.device
+    keep = pruned.keep
+    i64 = torch.int64
+
+    # Output buffers carry one extra "dump" column N that absorbs writes of entries that
+    # are not placed, so every scatter has a fixed shape.
+    tokens = torch.full((bs, n + 1), pad_token_id, dtype=i64, device=device)
+    parents = torch.zeros((bs, n + 1), dtype=i64, device=device)
+    from_draft = torch.zeros((bs, n + 1), dtype=torch.bool, device=device)
+    from_retrieval = torch.zeros((bs, n + 1), dtype=torch.bool, device=device)
+    draft_index = torch.full((bs, n + 1), -1, dtype=i64, device=device)
+    retrieval_index = torch.full((bs, n + 1), -1, dtype=i64, device=device)
+    tokens[:, 0] = root_tokens.to(i64)
+    parents[:, 0].fill_(-1)
+
+    # 1. Kept draft nodes, in pool order, at slots 1..num_draft.
+    num_draft = keep.sum(dim=1)
+    draft_slot = torch.where(keep, torch.cumsum(keep.to(i64), dim=1), n)  # [bs, M]
+    if m:
+        parent_slot = torch.where(pool.parents < 0, 0, draft_slot.gather(1, pool.parents.clamp(min=0)))
+        tokens.scatter_(1, draft_slot, pool.tokens.to(i64))
+        parents.scatter_(1, draft_slot, parent_slot)
+        from_draft.scatter_(1, draft_slot, keep)
+        draft_index.scatter_(1, draft_slot, torch.arange(m, device=device).expand(bs, m))
+
+    anchor_index, _ = graft_anchor(pool, pruned, root_tokens, placement)
+    if m:
+        anchor_draft_slot = draft_slot.gather(1, anchor_index.clamp(min=0)[:, None])[:, 0]
+        anchor_slot = torch.where(anchor_index >= 0, anchor_draft_slot, 0)
+    else:
+        anchor_slot = torch.zeros(bs, dtype=i64, device=device)
+
+    # 2. Retrieved nodes.
+    r_tok = proposals.tokens.to(i64)
+    r_par = proposals.parents.to(i64)
+    alive = reduce_along_path(proposals.valid, r_par, torch.logical_and, True)
+    priority = reduce_along_path(
+        torch.nan_to_num(proposals.scores.float(), nan=float("-inf")), r_par, torch.minimum, float("inf")
+    )
+    # Duplicate siblings inside a proposal (a contract violation): keep the first copy and
+    # drop later copies with their subtrees. Two nodes with equal token paths always have
+    # ancestors (or themselves) that are duplicate siblings, so this removes every duplicate
+    # path.
+    ar_r = torch.arange(r, device=device)
+    duplicate = (
+        (r_par[:, :, None] == r_par[:, None, :])
+        & (r_tok[:, :, None] == r_tok[:, None, :])
+        & alive[:, None, :]
+        & (ar_r[None, :] < ar_r[:, None]).unsqueeze(0)
+    ).any(dim=2)
+    alive = alive & ~reduce_along_path(duplicate, r_par, torch.logical_or, False)
+
+    if placement == "root":
+        # Draft side as a forest under the root: slot s >= 1 has parent slot - 1 (root -> -1).
+        d_tok = tokens[:, 1:n]
+        d_par = parents[:, 1:n] - 1
+        d_ok = from_draft[:, 1:n]
+        # Draft nodes sit at most num_steps below the root.
+        same_path = match_paths(r_tok, r_par, alive, d_tok, d_par, d_ok, b_max_depth=pool.num_steps)
+        merge_target = first_true_index(same_path, dim=2)
+        merge_slot = torch.where(merge_target >= 0, merge_target + 1, -1)
+    else:
+        merge_slot = torch.full((bs, r), -1, dtype=i64, device=device)
+    merged = alive & (merge_slot >= 0)
+    new = alive & ~merged
+
+    budget = (n - 1) - num_draft  # [bs]
+    include = new & (_rank_among(priority, new) < budget[:, None])
+    new_slot = 1 + num_draft[:, None] + torch.cumsum(include.to(i64), dim=1) - 1
+    retrieval_slot = torch.where(include, new_slot, torch.where(merged, merge_slot, -1))
+    if r:
+        parent_of_new = torch.where(r_par < 0, anchor_slot[:, None], retrieval_slot.gather(1, r_par.clamp(min=0)))
+        # Ancestor closure holds by construction; this guard only protects against NaN-like
+        # priorities that could break the ranking.
+        include = include & (parent_of_new >= 0)
+        retrieval_slot = torch.where(include | merged, retrieval_slot, -1)
+        dest = torch.where(include, new_slot, n)
+        tokens.scatter_(1, dest, r_tok)
+        parents.scatter_(1, dest, parent_of_new.clamp(min=0))
+        from_retrieval.scatter_(1, dest, include)
+        ridx = torch.arange(r, device=device).expand(bs, r)
+        retrieval_index.scatter_(1, dest, ridx)
+        merged_dest = torch.where(merged, merge_slot, n)
+        from_retrieval.scatter_(1, merged_dest, merged)
+        retrieval_index.scatter_(1, merged_dest, torch.where(merged, ridx, -1))
+
+    # Drop the dump column; contiguous so that pointer-based kernels can read the tensors.
+    from_draft = from_draft[:, :n].contiguous()
+    from_retrieval = from_retrieval[:, :n].contiguous()
+    return GraftTree(
+        tokens=tokens[:, :n].contiguous(),
+        parents=parents[:, :n].contiguous(),
+        linked=from_draft | from_retrieval,
+        from_draft=from_draft,
+        from_retrieval=from_retrieval,
+        draft_index=draft_index[:, :n].contiguous(),
+        retrieval_index=retrieval_index[:, :n].contiguous(),
+        retrieval_slot=retrieval_slot,
+        num_draft=num_draft,
+        num_retrieved=include.sum(dim=1),
+        num_merged=merged.sum(dim=1),
+        anchor_slot=anchor_slot,
+    )

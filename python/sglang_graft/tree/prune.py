@@ -1,0 +1,106 @@
+"""Confidence-based pruning of the EAGLE draft (GRAFT's "prune" half).
+
+The draft is checked at a few draft depths. At depth ``d`` the confidence is
+``c_d = exp(max cumulative log-score at d)``, i.e. the largest cumulative path probability
+among the candidates at that depth. The first checkpoint with ``c_d < tau_d`` fixes the
+stage; the stage fixes how many draft nodes survive, and the freed budget goes to retrieval.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._ops import reduce_along_path
+from .types import DraftPool, PruneConfig, PrunedDraft
+
+__all__ = ["confidence_at_checkpoints", "pruning_stage", "keep_best_draft_nodes", "prune_by_confidence"]
+
+
+def confidence_at_checkpoints(pool: DraftPool, checkpoint_depths: tuple[int, ...]) -> torch.Tensor:
+    """``c_d`` per request and checkpoint.
+
+    Args:
+        pool: the draft candidates.
+        checkpoint_depths: draft depths to check (0 = children of the root).
+
+    Returns:
+        ``[bs, C] float32``: max cumulative path probability at each checkpoint depth
+        (``-inf`` if the draft has no candidate at that depth).
+    """
+    cols = []
+    for d in checkpoint_depths:
+        at_depth = torch.where(pool.depths == d, pool.scores.float(), float("-inf"))
+        cols.append(at_depth.amax(dim=1))
+    if not cols:
+        return torch.zeros((pool.tokens.shape[0], 0), dtype=torch.float32, device=pool.tokens.device)
+    return torch.stack(cols, dim=1)
+
+
+def pruning_stage(confidence: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
+    """Index of the first checkpoint whose confidence is below its threshold.
+
+    Args:
+        confidence: ``[bs, C]``.
+        thresholds: ``C`` thresholds.
+
+    Returns:
+        ``[bs] int64`` in ``[0, C]``; ``C`` means every checkpoint passed.
+    """
+    bs, c = confidence.shape
+    stage = torch.full((bs,), c, dtype=torch.int64, device=confidence.device)
+    # Walk the checkpoints backwards so the earliest failure wins.
+    for k in reversed(range(c)):
+        stage = torch.where(confidence[:, k] < thresholds[k], k, stage)
+    return stage
+
+
+def keep_best_draft_nodes(pool: DraftPool, num_keep: torch.Tensor) -> torch.Tensor:
+    """Mark the ``num_keep[b]`` best candidates of each request, ancestor-closed.
+
+    Candidates are ranked by the minimum score on their root path (equal to the score itself
+    for SGLang drafts, whose scores only shrink along a path), ties broken by pool index.
+    A parent has a path minimum >= its child's and a smaller pool index, so it always ranks
+    first: every prefix of the ranking is a valid subtree. This is the same set SGLang's
+    ``organize_draft_results`` picks (``topk`` on the scores) whenever scores are distinct.
+
+    Args:
+        pool: the draft candidates.
+        num_keep: ``[bs] int64`` how many to keep.
+
+    Returns:
+        ``[bs, M] bool``.
+    """
+    bs, m = pool.tokens.shape
+    if m == 0:
+        return torch.zeros((bs, 0), dtype=torch.bool, device=pool.tokens.device)
+    path_min = reduce_along_path(pool.scores.float(), pool.parents, torch.minimum, float("inf"))
+    # NaN would break the ordering (and the ancestor closure with it); rank it last.
+    path_min = torch.nan_to_num(path_min, nan=float("-inf"))
+    order = torch.sort(path_min, dim=1, descending=True, stable=True).indices
+    ranks = torch.arange(m, device=pool.tokens.device).expand(bs, m)
+    rank = torch.empty_like(order).scatter_(1, order, ranks)
+    return rank < num_keep[:, None]
+
+
+def prune_by_confidence(pool: DraftPool, config: PruneConfig, num_nodes: int) -> PrunedDraft:
+    """Pick the pruning stage per request and keep that stage's best draft nodes.
+
+    Args:
+        pool: the draft candidates of the batch.
+        config: checkpoints, thresholds and per-stage draft budget.
+        num_nodes: node budget ``N`` per request, root included (SGLang's
+            ``--speculative-num-draft-tokens``).
+
+    Returns:
+        The kept candidates (ancestor-closed), the stage, the confidences and the count;
+        ``N - 1 - num_kept`` slots are left for retrieval.
+    """
+    config.check_draft_depth(pool.num_steps)
+    confidence = confidence_at_checkpoints(pool, config.checkpoint_depths)
+    stage = pruning_stage(confidence, config.thresholds)
+    table = config.keep_table(num_nodes)
+    num_keep = torch.full_like(stage, table[-1])
+    for s, k in enumerate(table[:-1]):
+        num_keep = torch.where(stage == s, k, num_keep)
+    keep = keep_best_draft_nodes(pool, num_keep)
+    return PrunedDraft(keep=keep, stage=stage, confidence=confidence, num_kept=keep.sum(dim=1))
