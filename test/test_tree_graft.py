@@ -17,6 +17,7 @@ from sglang_graft.tree import (
     draft_pool_from_sglang,
     encode_tree_mask,
     flatten,
+    full_tree_mask,
     graft_anchor,
 )
 
@@ -225,6 +226,15 @@ def test_empty_proposals_and_full_mask_encoding():
         offset += 10 * (s + 10)
     assert offset == full.numel()
     assert torch.equal(encode_tree_mask(anc, TreeMaskMode.QLEN_ONLY), anc.flatten())
+    # Into a caller's buffer only the tree cells are written (the prefix is the caller's).
+    buf = torch.zeros_like(full)
+    full_tree_mask(anc, seq_lens, int(seq_lens.sum()), out=buf)
+    offset = 0
+    for b in range(2):
+        s = int(seq_lens[b])
+        block = buf[offset : offset + 10 * (s + 10)].view(10, s + 10)
+        assert not bool(block[:, :s].any()) and torch.equal(block[:, s:], anc[b])
+        offset += 10 * (s + 10)
 
 
 def test_flatten_defaults_and_non_topological_numbering():

@@ -108,6 +108,22 @@ def test_build_tree_orphan_matches_sglang_triton_kernel(bs, topk, steps, n):
     assert bool((layout.positions.view(bs, n) - seq_lens[:, None] == 1).any())
 
 
+def test_build_tree_degenerate_selection_matches_sglang_triton_kernel():
+    """Rows of a CUDA-graph-padded batch can carry any selection: all zeros, repeats."""
+    bs, topk, steps, n = 3, 2, 3, 7
+    _, parent_list, top, _, seq_lens, _ = _draft(bs, topk, steps, n, seed=1)
+    top[0] = 0
+    top[1] = torch.tensor([0, 1, 2, 2, 5, 5])
+    seq_lens[2] = 1
+    for mode in (TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY):
+        ref = _sglang_build(parent_list, top, seq_lens, topk, steps, n, mode)
+        layout = sglang_draft_tree_layout(parent_list, top, seq_lens, topk, steps, n, mode)
+        got = [layout.tree_mask, layout.positions, layout.retrive_index, layout.retrive_next_token,
+               layout.retrive_next_sibling]
+        for a, b in zip(got, ref):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("bs,topk,steps,n", [(2, 2, 3, 6), (3, 4, 3, 12), (2, 3, 4, 16)])
 def test_graft_pipeline_draft_only_equals_sglang_tree(bs, topk, steps, n):
     """prune (all checkpoints pass) -> graft (no retrieval) -> flatten == SGLang's builder."""

@@ -204,12 +204,14 @@ def chi2_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor, min_expect
 # must not switch other tests' kernels to the interpreter.
 _KERNEL_WORKER = r"""
 import ast, io, os, struct, sys
+# Results travel over the original stdout; anything else printed goes to stderr.
+out = os.fdopen(os.dup(1), "wb")
+os.dup2(2, 1)
+sys.stdout = sys.stderr
 os.environ["TRITON_INTERPRET"] = "1"
 import torch, triton, triton.language as tl
 from enum import IntEnum
 
-out = sys.stdout.buffer
-sys.stdout = sys.stderr
 ops_dir = sys.argv[1]
 ns = {"torch": torch, "triton": triton, "tl": tl, "IntEnum": IntEnum,
       "next_power_of_2": lambda n: 1 << (n - 1).bit_length() if n > 0 else 1}

@@ -17,6 +17,7 @@ from sglang_graft.tree import (
     emitted_tokens,
     target_probs_from_logits,
     verify_tree_greedy,
+    verify_layout_greedy,
     verify_tree_greedy_into,
     verify_tree_sampling,
 )
@@ -54,6 +55,8 @@ def test_greedy_equals_brute_force_walk(device, seed, bs, n, width_cut):
     width = max(1, n - width_cut)
     pred, acc, num = verify_tree_greedy(*_links(step, device), target.to(device), width)
     assert pred.dtype == acc.dtype == num.dtype == torch.int32
+    layout_out = verify_layout_greedy(step.layout, tree.tokens, target, width)
+    assert all(torch.equal(a.cpu(), b) for a, b in zip((pred, acc, num), layout_out))
     pred, acc, num = pred.cpu(), acc.cpu(), num.cpu()
     tokens, emitted_count = emitted_tokens(pred, acc, num)
     for b in range(bs):
