@@ -130,7 +130,21 @@ def _add_server_info(result, controller, state, *args, **kwargs):
 
     counters = server_counters()
     if counters is not None:
+        sched = controller.scheduler
+        # free KV slots counting evictable prefix-cache entries: back to the idle value once
+        # every request finished or was aborted
+        counters["kv_free_tokens"] = int(sched.token_to_kv_pool_allocator.available_size()) + int(
+            sched.tree_cache.evictable_size())
         state["graft"] = counters
+    return result
+
+
+def _free_request_store(result, req, *args, **kwargs):
+    """AFTER ``release_kv_cache``: a finished, aborted or retracted request drops its store now,
+    not at the next decode step (there may be none)."""
+    from sglang_graft.sglang.worker import release_request
+
+    release_request(req.rid)
     return result
 
 
@@ -143,3 +157,4 @@ def register_hooks() -> None:
     HookRegistry.register(
         "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
         _add_server_info, HookType.AFTER)
+    HookRegistry.register("sglang.srt.mem_cache.common.release_kv_cache", _free_request_store, HookType.AFTER)

@@ -36,7 +36,7 @@ class GraftConfig:
     min_retrieval_slots: int = 0  # slots reserved for retrieval even when every checkpoint passes
     placement: str = "root"  # where the retrieved tree hangs
     retrieval_max_depth: int = 8  # deepest retrieved chain
-    sam_min_match: int = 2  # shortest suffix match the automaton trusts (else n-gram fallback)
+    sam_min_match: int = 4  # shortest suffix match the automaton trusts (else the n-gram fallback)
     context_cap: int = 65536  # per-request retrieval context (tokens)
     store_memory_mb: int = 1024  # all per-request stores together
     recycle_k: int = 8  # successors kept per vocabulary token
@@ -52,7 +52,8 @@ class GraftConfig:
     def keep_per_stage(self, num_nodes: int) -> Tuple[int, ...]:
         """Draft nodes kept at each pruning stage for budget ``N`` (root excluded)."""
         budget = num_nodes - 1
-        return tuple(min(budget, max(1, round(f * budget))) for f in self.keep_fractions)
+        # a positive share keeps at least one draft node; 0 prunes the draft to the root
+        return tuple(min(budget, max(int(f > 0), round(f * budget))) for f in self.keep_fractions)
 
 
 _FLAGS: dict[str, dict[str, Any]] = {
@@ -62,7 +63,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "checkpoint_depths": dict(type=int, nargs="+", help="Draft depths of the confidence checkpoints."),
     "thresholds": dict(type=float, nargs="+", help="Confidence threshold per checkpoint (best path probability)."),
     "keep_fractions": dict(type=float, nargs="+", help="Share of the N-1 verify slots kept for draft nodes "
-                           "when pruning stops at each checkpoint."),
+                           "when pruning stops at each checkpoint (0: prune to the root, retrieval only)."),
     "min_retrieval_slots": dict(type=int, help="Verify slots reserved for retrieval when no checkpoint fails."),
     "placement": dict(choices=PLACEMENTS, help="Graft retrieved chains under the root (published) or under "
                       "the deepest kept draft node (recycle source only)."),
@@ -126,8 +127,8 @@ def validate(cfg: GraftConfig, *, num_draft_tokens: int, num_steps: int, topk: i
                          f"{depths[-1]}, but --speculative-num-steps {num_steps} drafts depths 0..{num_steps - 1}")
     if any(not 0.0 <= t <= 1.0 for t in cfg.thresholds):
         raise ValueError(f"{flag_name('thresholds')} must lie in [0, 1], got {list(cfg.thresholds)}")
-    if any(not 0.0 < f <= 1.0 for f in cfg.keep_fractions):
-        raise ValueError(f"{flag_name('keep_fractions')} must lie in (0, 1], got {list(cfg.keep_fractions)}")
+    if any(not 0.0 <= f <= 1.0 for f in cfg.keep_fractions):
+        raise ValueError(f"{flag_name('keep_fractions')} must lie in [0, 1], got {list(cfg.keep_fractions)}")
     if topk < 1:
         raise ValueError(f"--speculative-eagle-topk must be >= 1 for GRAFT, got {topk}")
     max_draft = topk + (num_steps - 1) * topk * topk
@@ -136,9 +137,6 @@ def validate(cfg: GraftConfig, *, num_draft_tokens: int, num_steps: int, topk: i
     if num_draft_tokens - 1 > max_draft:
         raise ValueError(f"--speculative-num-draft-tokens {num_draft_tokens} exceeds what the draft can fill "
                          f"(topk {topk}, steps {num_steps}: at most {max_draft + 1})")
-    if min(cfg.keep_per_stage(num_draft_tokens)[:n], default=1) < 1:
-        raise ValueError(f"--speculative-num-draft-tokens {num_draft_tokens} is too small to keep a draft node "
-                         f"at every stage of {flag_name('keep_fractions')} {list(cfg.keep_fractions)}")
     if cfg.min_retrieval_slots < 0 or cfg.min_retrieval_slots > num_draft_tokens - 2:
         raise ValueError(f"{flag_name('min_retrieval_slots')} must lie in [0, N-2] = [0, {num_draft_tokens - 2}], "
                          f"got {cfg.min_retrieval_slots}")

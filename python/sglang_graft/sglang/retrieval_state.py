@@ -32,6 +32,8 @@ class GraftCounters:
     stage_histogram: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict:
+        """JSON-ready view; ``retrieval_share`` is the share of accepted draft-tree tokens
+        (bonus tokens excluded) that only retrieval proposed."""
         drafted = self.accepted_draft_tokens + self.accepted_retrieved_tokens
         return {
             "verify_steps": self.verify_steps,
@@ -53,7 +55,7 @@ class GraftRetrieval:
         self.device = device
         self.store = RetrievalStore(
             "suffix_automaton", memory_cap_bytes=cfg.store_memory_mb << 20, context_cap=cfg.context_cap,
-            min_match_len=cfg.sam_min_match,
+            min_match_len=cfg.sam_min_match, ngram_min_n=1, ngram_max_n=3,
         ) if cfg.source in ("sam", "auto") else None
         self.matrix = RecyclingMatrix(vocab_size, k=cfg.recycle_k, widths=cfg.recycle_widths, device=device) \
             if cfg.source in ("recycle", "auto") else None
@@ -62,6 +64,16 @@ class GraftRetrieval:
             self.width = max(self.width, len(self.matrix.template().parents))
         self.counters = GraftCounters(stage_histogram=[0] * (num_stages + 1))
         self._live: set = set()
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile the store's numba kernels now rather than inside the first request."""
+        if self.store is None:
+            return
+        self.store.create("__graft_warmup__", [1, 2, 3, 1, 2])
+        self.store.extend("__graft_warmup__", [3])
+        self.store.propose(["__graft_warmup__"], self.cfg.retrieval_max_depth, self.num_nodes - 1)
+        self.store.free("__graft_warmup__")
 
     # -- request lifecycle ---------------------------------------------------------------------
     def sync_batch(self, reqs: Sequence) -> None:
@@ -78,6 +90,19 @@ class GraftRetrieval:
                     self.store.free(r.rid)
                 self.store.create(r.rid, list(r.origin_input_ids) + list(r.output_ids))
         self._live = rids
+
+    def release(self, rid) -> None:
+        """Forget ``rid`` (finished, aborted or retracted)."""
+        self._live.discard(rid)
+        if self.store is not None and rid in self.store:
+            self.store.free(rid)
+
+    def store_usage(self) -> dict:
+        """Live per-request stores and their bytes."""
+        if self.store is None:
+            return {"live_stores": 0, "store_bytes": 0}
+        st = self.store.stats()
+        return {"live_stores": int(st.requests), "store_bytes": int(st.bytes)}
 
     def free_all(self) -> None:
         if self.store is not None:
@@ -118,7 +143,8 @@ class GraftRetrieval:
         if self.store is None:
             return
         for r, toks in zip(reqs, accepted):
-            self.store.extend(r.rid, toks)
+            if r.rid in self.store:
+                self.store.extend(r.rid, toks)
 
     def learn(self, node_tokens: torch.Tensor, node_valid: torch.Tensor, logits: torch.Tensor) -> None:
         """Refresh the recycling matrix with the target's top-k successors of every verified node

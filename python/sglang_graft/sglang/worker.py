@@ -265,7 +265,14 @@ _WORKERS: list[GraftWorkerV2] = []
 
 
 def server_counters() -> Optional[dict]:
-    """GRAFT's server-wide counters of this process's worker(s), or None without one."""
+    """GRAFT's server-wide counters and store usage of this process's worker, or None."""
     if not _WORKERS:
         return None
-    return _WORKERS[-1].retrieval.counters.as_dict()
+    retrieval = _WORKERS[-1].retrieval
+    return {**retrieval.counters.as_dict(), **retrieval.store_usage()}
+
+
+def release_request(rid) -> None:
+    """Free ``rid``'s retrieval store (called when SGLang releases the request's KV)."""
+    for worker in _WORKERS:
+        worker.retrieval.release(rid)

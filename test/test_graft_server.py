@@ -1,0 +1,181 @@
+"""``--speculative-algorithm GRAFT`` on a real SGLang CPU server (tiny Llama + tiny EAGLE-3 head):
+greedy output token-exact against the same server without speculation, for every retrieval mode,
+under concurrency and aborts; sampling requests take the sampling verifier; bad flags fail."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from server_utils import CPU_ARGS, SERVER_ENV, SGLangServer
+
+pytestmark = pytest.mark.server
+
+NEW_TOKENS = 32
+REPETITIVE = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+    "Repeat this passage exactly: the cat sat on the mat. Repeat: the cat sat on the mat. Repeat:",
+    "x = 1\nx = 1\nx = 1\nx = 1\nx = 1\nx = 1\nx = 1\nx = 1\n",
+    "for i in range(10):\n    for i in range(10):\n        for i in range(10):\n            for i in",
+    "ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab",
+    "import os\nimport os\nimport os\nimport os\nimport os\nimport",
+]
+OTHER = [
+    "def fibonacci(n):\n    ", "class Config:\n    def __init__(self", "The quick brown fox",
+    "return self._data[key]\n", "while True:\n    try:\n", "# Licensed under the Apache License",
+    "with open(path) as f:\n    for line in f:\n", "def __repr__(self):\n        return", "if __name__ ==",
+    "Once upon a time", "SELECT name FROM users WHERE", "lambda x: x *", "raise ValueError(",
+    "async def fetch(session, url):\n", "print('hello world')\n", "@property\ndef size(self):",
+]
+PROMPTS = REPETITIVE + OTHER  # 22 prompts
+
+
+def _ids(model_dir) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+
+
+def _graft_args(tiny_models, *extra) -> list[str]:
+    return ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
+            "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+            "--speculative-num-draft-tokens", "8", *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_models, server_logs):
+    """Greedy outputs of the same model served without speculation."""
+    ids = _ids(tiny_models["llama"])
+    with SGLangServer(tiny_models["llama"], log_path=server_logs / "graft-ref.log") as srv:
+        outs = [srv.generate_ids(p, NEW_TOKENS)["output_ids"] for p in ids]
+    return ids, outs
+
+
+def _server_info(srv) -> dict:
+    return requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]
+
+
+def _run_all(srv, ids):
+    return [srv.generate_ids(p, NEW_TOKENS) for p in ids]
+
+
+def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_logs, reference):
+    ids, ref = reference
+    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models),
+                      log_path=server_logs / "graft-auto.log") as srv:
+        outs = _run_all(srv, ids)
+        assert [o["output_ids"] for o in outs] == ref
+        retrieved = [sum(o["meta_info"]["graft_retrieved_accepted"]) for o in outs]
+        assert sum(retrieved[: len(REPETITIVE)]) > 0, retrieved
+        for o in outs:
+            m = o["meta_info"]
+            steps = m["spec_verify_ct"]
+            assert steps > 0 and len(m["graft_stage"]) == steps and set(m["graft_verify"]) == {"greedy"}
+            accepted = sum(m["graft_retrieved_accepted"]) + sum(m["graft_draft_accepted"])
+            # the prefill emits the first token; each verify step commits its accepted nodes and one
+            # bonus token (the last step may be cut at max_new_tokens)
+            assert steps < m["completion_tokens"] <= 1 + accepted + steps
+        info = _server_info(srv)
+        graft = info["graft"]
+        assert graft["accepted_retrieved_tokens"] == sum(retrieved)
+        assert 0.0 < graft["retrieval_share"] <= 1.0
+        assert sum(graft["stage_histogram"]) == graft["verify_steps"]
+        assert info["avg_spec_accept_length"] >= 1.0
+
+
+@pytest.mark.parametrize("mode,extra", [
+    ("retrieval-only", ["--speculative-graft-source", "sam", "--speculative-graft-thresholds", "1", "1", "1",
+                        "--speculative-graft-keep-fractions", "0", "0", "0",
+                        "--speculative-graft-checkpoint-depths", "0", "1", "2"]),
+    ("draft-only", ["--speculative-graft-source", "none"]),
+    ("recycle", ["--speculative-graft-source", "recycle"]),
+])
+def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extra):
+    ids, ref = reference
+    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, *extra),
+                      log_path=server_logs / f"graft-{mode}.log") as srv:
+        outs = _run_all(srv, ids)
+        graft = _server_info(srv)["graft"]
+    assert [o["output_ids"] for o in outs] == ref
+    drafted = sum(sum(o["meta_info"]["graft_draft_accepted"]) for o in outs)
+    retrieved = sum(sum(o["meta_info"]["graft_retrieved_accepted"]) for o in outs)
+    if mode == "retrieval-only":
+        assert drafted == 0 and retrieved > 0
+        assert graft["stage_histogram"][0] == graft["verify_steps"]  # every step pruned at the root
+    if mode == "draft-only":
+        assert retrieved == 0
+
+
+def test_graft_concurrency_abort_and_sampling(tiny_models, server_logs, reference):
+    ids, ref = reference
+    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models),
+                      log_path=server_logs / "graft-concurrent.log") as srv:
+        idle = _server_info(srv)
+        # 8 concurrent requests of mixed prompt and output lengths
+        lengths = [8, 32, 16, 24, 32, 12, 32, 20]
+        with cf.ThreadPoolExecutor(8) as pool:
+            futs = [pool.submit(srv.generate_ids, ids[i], n) for i, n in enumerate(lengths)]
+            outs = [f.result() for f in futs]
+        for i, (o, n) in enumerate(zip(outs, lengths)):
+            assert o["output_ids"] == ref[i][:n]
+        # an aborted request frees its store and its KV slots
+        rid = "graft-abort-me"
+        with cf.ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(requests.post, srv.url + "/generate", json={
+                "rid": rid, "input_ids": ids[0], "sampling_params": {
+                    "max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}}, timeout=300)
+            deadline = time.time() + 60
+            while time.time() < deadline and _server_info(srv)["graft"]["live_stores"] == 0:
+                time.sleep(0.05)
+            assert _server_info(srv)["graft"]["live_stores"] == 1
+            requests.post(srv.url + "/abort_request", json={"rid": rid}, timeout=30)
+            aborted = fut.result()
+        assert aborted.json()["meta_info"]["finish_reason"]["type"] == "abort"
+        time.sleep(1.0)
+        after = _server_info(srv)
+        assert after["graft"]["live_stores"] == 0 and after["graft"]["store_bytes"] == 0
+        assert after["graft"]["kv_free_tokens"] == idle["graft"]["kv_free_tokens"]
+        # sampling requests complete, through the sampling verifier (not SGLang's CPU greedy path)
+        outs = [srv.generate_ids(p, 24, temperature=0.8, top_p=0.9, sampling_seed=7) for p in ids[:4]]
+        for o in outs:
+            assert len(o["output_ids"]) == 24
+            assert set(o["meta_info"]["graft_verify"]) == {"sampling"}
+            assert all(0 <= t < 4096 for t in o["output_ids"])
+        assert _server_info(srv)["graft"]["sampling_verify_steps"] > 0
+
+
+BAD_FLAGS = [
+    ([], "--speculative-draft-model-path"),
+    (["--speculative-graft-source", "bogus"], "--speculative-graft-source"),
+    (["--speculative-num-draft-tokens", "64"], "--speculative-num-draft-tokens"),
+    (["--speculative-graft-checkpoint-depths", "0", "1", "7"], "--speculative-graft-checkpoint-depths"),
+    (["--speculative-graft-placement", "deepest_draft", "--speculative-graft-source", "sam"],
+     "--speculative-graft-placement"),
+]
+
+
+def test_bad_flags_fail_with_a_one_line_error(tiny_models):
+    def launch(extra):
+        args = ["--speculative-algorithm", "GRAFT", "--speculative-num-steps", "3",
+                "--speculative-eagle-topk", "2", *extra]
+        if extra:  # the first case leaves out the draft model on purpose
+            args += ["--speculative-draft-model-path", str(tiny_models["llama-eagle3"])]
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_models["llama"]),
+               "--host", "127.0.0.1", "--port", "1", *CPU_ARGS, *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **SERVER_ENV})
+
+    with cf.ThreadPoolExecutor(len(BAD_FLAGS)) as pool:
+        results = list(pool.map(lambda case: launch(case[0]), BAD_FLAGS))
+    for (extra, flag), proc in zip(BAD_FLAGS, results):
+        assert proc.returncode != 0, (extra, proc.stdout[-2000:])
+        # argparse's "error: argument ..." or our "ValueError: ..." names the flag on one line
+        lines = [l for l in (proc.stderr + proc.stdout).splitlines()
+                 if flag in l and ("ValueError: " in l or "error: argument" in l)]
+        assert lines, (flag, proc.stderr[-3000:])
