@@ -1,0 +1,243 @@
+"""Spec-Bench-style benchmark of speculative decoding through the real SGLang server.
+
+Starts one server per method on 127.0.0.1 (same model, dtype and flags otherwise), sends every
+prompt of every category at batch size 1, and reports per method x category:
+
+* ``tau``: tokens committed per target verify step, bonus included (SGLang's accept length; 1.0
+  without speculation);
+* ``tok_per_s`` (client wall time, prefill included) and ``speedup`` over no speculation in the
+  same run;
+* ``retrieval_share``: accepted draft-tree tokens proposed by retrieval only (GRAFT);
+* ``draft_steps``: draft model forward passes per step; ``verify_tokens``: tokens per verify pass;
+* ``identical``: outputs token-identical to no speculation (asserted at T = 0 in float32).
+
+Writes ``--json``, a Markdown table and PNG plots next to it.
+
+    python benchmark/spec_bench.py --quick                      # SmolLM2 + committed head, 2 prompts/category
+    python benchmark/spec_bench.py --model DIR --draft HEAD --prompts my.jsonl --methods none,GRAFT-sam
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import prompt_sets  # noqa: E402
+
+DEFAULT_HEAD = HERE / "models" / "smollm2-135m-eagle3"
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    args: tuple[str, ...]
+    draft_steps: int  # draft forward passes per step (0: no draft model)
+    needs_draft: bool = False
+
+
+def methods(steps: int, topk: int, n: int) -> dict[str, Method]:
+    eagle = ("--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+             "--speculative-num-draft-tokens", str(n))
+    chain = ("--speculative-num-steps", str(n - 1), "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", str(n))
+    graft = ("--speculative-algorithm", "GRAFT", *eagle)
+    return {m.name: m for m in [
+        Method("none", (), 0),
+        Method("NGRAM", ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(n)), 0),
+        Method("EAGLE3-tree", ("--speculative-algorithm", "EAGLE3", *eagle), steps, True),
+        Method("EAGLE3-chain", ("--speculative-algorithm", "EAGLE3", *chain), n - 1, True),
+        Method("GRAFT-sam", (*graft, "--speculative-graft-source", "sam"), steps, True),
+        Method("GRAFT-recycle", (*graft, "--speculative-graft-source", "recycle"), steps, True),
+        Method("GRAFT-auto", (*graft, "--speculative-graft-source", "auto"), steps, True),
+        Method("GRAFT-prune-only", (*graft, "--speculative-graft-source", "none"), steps, True),
+    ]}
+
+
+@dataclass
+class Cell:
+    tokens: int = 0
+    verify_steps: int = 0
+    seconds: float = 0.0
+    retrieved: int = 0
+    drafted: int = 0
+    outputs: list = field(default_factory=list)
+
+
+def _encode(tokenizer, prompt: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                             tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+
+def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prompts, max_new: int,
+               temperature: float, log_dir: Path) -> dict[str, Cell]:
+    from sglang_graft.sglang.local_server import SGLangServer
+
+    args = list(method.args)
+    if method.needs_draft:
+        args += ["--speculative-draft-model-path", str(draft)]
+    args += ["--dtype", dtype]
+    cells: dict[str, Cell] = {}
+    with SGLangServer(model, args, log_path=log_dir / f"{method.name}.log") as srv:
+        srv.generate_ids(prompts[0][2][:8], 4)  # warm-up outside the measurement
+        for category, _, ids in prompts:
+            t0 = time.perf_counter()
+            r = srv.generate_ids(ids, max_new, temperature=temperature, ignore_eos=False)
+            dt = time.perf_counter() - t0
+            m = r["meta_info"]
+            c = cells.setdefault(category, Cell())
+            c.tokens += m["completion_tokens"]
+            c.verify_steps += m.get("spec_verify_ct") or m["completion_tokens"]
+            c.seconds += dt
+            c.retrieved += sum(m.get("graft_retrieved_accepted", []))
+            c.drafted += sum(m.get("graft_draft_accepted", []))
+            c.outputs.append(r["output_ids"])
+    return cells
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, help="target HF dir (default: SmolLM2-135M-Instruct, built offline)")
+    ap.add_argument("--draft", type=Path, default=DEFAULT_HEAD, help="EAGLE-3 head dir")
+    ap.add_argument("--prompts", type=Path, help="JSONL with category and prompt fields (default: built-in sets)")
+    ap.add_argument("--categories", default=",".join(prompt_sets.CATEGORIES))
+    ap.add_argument("--methods", default="none,NGRAM,EAGLE3-tree,EAGLE3-chain,GRAFT-sam,GRAFT-recycle,GRAFT-auto,"
+                    "GRAFT-prune-only")
+    ap.add_argument("--num-prompts", type=int, default=10, help="prompts per category")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--num-draft-tokens", type=int, default=16, help="verify budget N (root included)")
+    ap.add_argument("--quick", action="store_true", help="2 prompts per category, 64 new tokens")
+    ap.add_argument("--json", type=Path, default=HERE / "out" / "spec_bench.json")
+    args = ap.parse_args()
+    if args.quick:
+        args.num_prompts, args.max_new_tokens = 2, 64
+
+    from transformers import AutoTokenizer
+
+    if args.model is None:
+        sys.path.insert(0, str(HERE / "models"))
+        import build_smollm2
+
+        args.model = build_smollm2.build(build_smollm2.default_dir(args.dtype), args.dtype)
+    table = methods(args.steps, args.topk, args.num_draft_tokens)
+    chosen = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in table]
+    if unknown:
+        sys.exit(f"--methods: unknown {unknown}; choose from {', '.join(table)}")
+    if "none" not in chosen:
+        chosen.insert(0, "none")  # the baseline of speedup and identity
+    if any(table[m].needs_draft for m in chosen) and not (args.draft / "config.json").exists():
+        sys.exit(f"--draft {args.draft} has no config.json (train one with benchmark/train_eagle3.py)")
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    if args.prompts:
+        rows = prompt_sets.load_jsonl(args.prompts)
+        per_cat: dict[str, list[str]] = {}
+        for c, p in rows:
+            per_cat.setdefault(c, []).append(p)
+        rows = [(c, p) for c, ps in per_cat.items() for p in ps[: args.num_prompts]]
+    else:
+        rows = [(c, p) for c in args.categories.split(",") for p in prompt_sets.load(c, "bench", args.num_prompts)]
+    prompts = [(c, p, _encode(tok, p)) for c, p in rows]
+
+    out_dir = args.json.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = out_dir / "server-logs"
+    log_dir.mkdir(exist_ok=True)
+    t_start = time.time()
+    measured = {}
+    for name in chosen:
+        print(f"[spec_bench] {name}: {len(prompts)} prompts", flush=True)
+        measured[name] = run_method(table[name], args.model, args.draft, args.dtype, prompts,
+                                    args.max_new_tokens, args.temperature, log_dir)
+
+    base = measured["none"]
+    results = []
+    for name in chosen:
+        for cat, c in measured[name].items():
+            b = base[cat]
+            tps = c.tokens / c.seconds
+            identical = c.outputs == b.outputs
+            drafted = c.retrieved + c.drafted
+            results.append({
+                "method": name, "category": cat, "prompts": len(c.outputs),
+                "tau": c.tokens / c.verify_steps if name != "none" else 1.0,
+                "tok_per_s": tps, "speedup": tps / (b.tokens / b.seconds),
+                "retrieval_share": c.retrieved / drafted if drafted else 0.0,
+                "draft_steps": table[name].draft_steps,
+                "verify_tokens": 1 if name == "none" else args.num_draft_tokens,
+                "identical": identical, "tokens": c.tokens,
+            })
+    report = {"results": results, "config": {k: str(v) for k, v in vars(args).items()},
+              "wall_s": round(time.time() - t_start, 1)}
+    args.json.write_text(json.dumps(report, indent=2))
+    md = render_markdown(results)
+    args.json.with_suffix(".md").write_text(md)
+    print(md)
+    plot(results, args.json.with_suffix(".png"))
+    if args.temperature == 0 and args.dtype == "float32":
+        bad = [(r["method"], r["category"]) for r in results if not r["identical"]]
+        if bad:
+            sys.exit(f"outputs differ from no speculation at T=0 in float32: {bad}")
+
+
+def render_markdown(results: list[dict]) -> str:
+    cats = sorted({r["category"] for r in results})
+    names = list(dict.fromkeys(r["method"] for r in results))
+    by = {(r["method"], r["category"]): r for r in results}
+    lines = ["| method | " + " | ".join(cats) + " | mean |", "|---|" + "---|" * (len(cats) + 1)]
+    for key, fmt in (("tau", "{:.2f}"), ("speedup", "{:.2f}x")):
+        lines.append(f"| **{key}** |" + " |" * (len(cats) + 1))
+        for n in names:
+            vals = [by[(n, c)][key] for c in cats if (n, c) in by]
+            lines.append(f"| {n} | " + " | ".join(fmt.format(by[(n, c)][key]) if (n, c) in by else "-" for c in cats)
+                         + f" | {fmt.format(sum(vals) / len(vals))} |")
+    lines.append("")
+    lines.append("| method | category | tau | tok/s | speedup | retrieval share | identical |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for r in results:
+        lines.append(f"| {r['method']} | {r['category']} | {r['tau']:.2f} | {r['tok_per_s']:.1f} | {r['speedup']:.2f}x"
+                     f" | {r['retrieval_share']:.2f} | {r['identical']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    cats = sorted({r["category"] for r in results})
+    names = list(dict.fromkeys(r["method"] for r in results))
+    by = {(r["method"], r["category"]): r for r in results}
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+    width = 0.8 / len(names)
+    for ax, key in zip(axes, ("tau", "speedup")):
+        for i, n in enumerate(names):
+            ax.bar([j + i * width for j in range(len(cats))], [by[(n, c)][key] if (n, c) in by else 0 for c in cats],
+                   width, label=n)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=30)
+        ax.set_title(key)
+        ax.axhline(1.0, color="grey", lw=0.8)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
