@@ -4,37 +4,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from retrieval_support import ALPHABET, MAX_ID, chunkings, contexts, feed
+from retrieval_support import assert_memory_bounded, assert_same_tree
 
 from sglang_graft.retrieval import NgramIndex, SuffixAutomaton, reference
-
-MAX_ID = 2**31 - 1
-ALPHABET = [0, 1, 17, MAX_ID]
-
-
-def feed(index, tokens, chunks):
-    i = 0
-    c = 0
-    while i < len(tokens):
-        size = chunks[c % len(chunks)] if chunks else len(tokens)
-        index.extend(tokens[i : i + size])
-        i += size
-        c += 1
-
-
-def assert_same_tree(got, want):
-    np.testing.assert_array_equal(got.tokens, want.tokens)
-    np.testing.assert_array_equal(got.parents, want.parents)
-    np.testing.assert_array_equal(got.scores, want.scores)
 
 
 @st.composite
 def n_range(draw):
     min_n = draw(st.integers(1, 4))
     return min_n, draw(st.integers(min_n, 6))
-
-
-contexts = st.lists(st.sampled_from(ALPHABET), max_size=70)
-chunkings = st.lists(st.integers(1, 9), max_size=6)
 
 
 @settings(max_examples=250, deadline=None)
@@ -120,13 +99,4 @@ def test_rejects_out_of_range_ids():
 
 
 def test_memory_is_bounded_by_the_context_cap():
-    rng = np.random.default_rng(2)
-    cap = 1000
-    index = NgramIndex(2, 4, context_cap=cap)
-    sizes = []
-    for _ in range(12):
-        index.extend(rng.integers(0, 50, 500))
-        sizes.append(index.nbytes)
-        assert len(index) <= cap
-    assert len(set(sizes[3:])) == 1
-    assert sizes[-1] <= 60 * cap
+    assert_memory_bounded(NgramIndex(2, 4, context_cap=1000), 1000, bytes_per_token=60)

@@ -6,16 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from retrieval_support import ALPHABET, assert_same_tree
 
 from sglang_graft.retrieval import RetrievalStore, SuffixAutomaton, reference
-
-ALPHABET = [0, 1, 17, 2**31 - 1]
-
-
-def assert_same_tree(got, want):
-    np.testing.assert_array_equal(got.tokens, want.tokens)
-    np.testing.assert_array_equal(got.parents, want.parents)
-    np.testing.assert_array_equal(got.scores, want.scores)
 
 
 def expected_tree(window, min_match_len, min_n, max_n, max_occ, max_depth, max_nodes):

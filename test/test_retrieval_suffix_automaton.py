@@ -4,33 +4,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from retrieval_support import ALPHABET, MAX_ID, chunkings, contexts, feed
+from retrieval_support import assert_memory_bounded, assert_same_tree
 
 from sglang_graft.retrieval import SuffixAutomaton, reference
-
-MAX_ID = 2**31 - 1
-# Few distinct tokens make long and repeated matches likely; the extreme ids ride along.
-ALPHABET = [0, 1, 17, MAX_ID]
-
-
-def feed(index, tokens, chunks):
-    """Extend in the given chunk sizes (cycled), so incremental appends are exercised."""
-    i = 0
-    c = 0
-    while i < len(tokens):
-        size = chunks[c % len(chunks)] if chunks else len(tokens)
-        index.extend(tokens[i : i + size])
-        i += size
-        c += 1
-
-
-def assert_same_tree(got, want):
-    np.testing.assert_array_equal(got.tokens, want.tokens)
-    np.testing.assert_array_equal(got.parents, want.parents)
-    np.testing.assert_array_equal(got.scores, want.scores)
-
-
-contexts = st.lists(st.sampled_from(ALPHABET), max_size=70)
-chunkings = st.lists(st.integers(1, 9), max_size=6)
 
 
 @settings(max_examples=300, deadline=None)
@@ -186,14 +163,4 @@ def test_growth_past_initial_capacity_keeps_answers():
 
 
 def test_memory_is_bounded_by_the_context_cap():
-    rng = np.random.default_rng(2)
-    cap = 1000
-    sam = SuffixAutomaton(context_cap=cap)
-    sizes = []
-    for _ in range(12):
-        sam.extend(rng.integers(0, 50, 500))
-        sizes.append(sam.nbytes)
-        assert len(sam) <= cap
-    # After the window first fills, rebuilds reuse the same footprint.
-    assert len(set(sizes[3:])) == 1
-    assert sizes[-1] <= 200 * cap
+    assert_memory_bounded(SuffixAutomaton(context_cap=1000), 1000, bytes_per_token=200)

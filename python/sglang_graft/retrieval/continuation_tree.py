@@ -35,6 +35,30 @@ MAX_OCCURRENCES = (1 << 24) - 1
 MAX_DEPTH = 255
 
 
+# The heap is six parallel arrays (key, slice start, slice end, depth, token, parent); the
+# two helpers below move one entry as a unit so push and pop cannot drift apart.
+@jit
+def _heap_copy(keys, starts, ends, depths, toks, parents, dst, src):
+    keys[dst] = keys[src]
+    starts[dst] = starts[src]
+    ends[dst] = ends[src]
+    depths[dst] = depths[src]
+    toks[dst] = toks[src]
+    parents[dst] = parents[src]
+
+
+@jit
+def _heap_store(
+    keys, starts, ends, depths, toks, parents, i, key, start, end, depth, tok, parent
+):
+    keys[i] = key
+    starts[i] = start
+    ends[i] = end
+    depths[i] = depth
+    toks[i] = tok
+    parents[i] = parent
+
+
 @jit
 def _heap_push(keys, starts, ends, depths, toks, parents, size, key, start, end, depth, tok, parent):
     i = size
@@ -42,19 +66,9 @@ def _heap_push(keys, starts, ends, depths, toks, parents, size, key, start, end,
         up = (i - 1) >> 1
         if keys[up] >= key:
             break
-        keys[i] = keys[up]
-        starts[i] = starts[up]
-        ends[i] = ends[up]
-        depths[i] = depths[up]
-        toks[i] = toks[up]
-        parents[i] = parents[up]
+        _heap_copy(keys, starts, ends, depths, toks, parents, i, up)
         i = up
-    keys[i] = key
-    starts[i] = start
-    ends[i] = end
-    depths[i] = depth
-    toks[i] = tok
-    parents[i] = parent
+    _heap_store(keys, starts, ends, depths, toks, parents, i, key, start, end, depth, tok, parent)
     return size + 1
 
 
@@ -79,19 +93,9 @@ def _heap_pop_into_root_hole(keys, starts, ends, depths, toks, parents, size):
             child += 1
         if keys[child] <= key:
             break
-        keys[i] = keys[child]
-        starts[i] = starts[child]
-        ends[i] = ends[child]
-        depths[i] = depths[child]
-        toks[i] = toks[child]
-        parents[i] = parents[child]
+        _heap_copy(keys, starts, ends, depths, toks, parents, i, child)
         i = child
-    keys[i] = key
-    starts[i] = start
-    ends[i] = end
-    depths[i] = depth
-    toks[i] = tok
-    parents[i] = parent
+    _heap_store(keys, starts, ends, depths, toks, parents, i, key, start, end, depth, tok, parent)
     return size
 
 

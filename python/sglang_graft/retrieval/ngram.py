@@ -26,17 +26,14 @@ Memory bound: the same window rule as the automaton (rebuild over the last
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
+from ._index_base import ContextIndex, next_pow2, token_ids_valid
 from ._jit import jit
-from .continuation_tree import MAX_DEPTH, MAX_OCCURRENCES, build_continuation_tree
+from .continuation_tree import build_continuation_tree
 from .types import RetrievedTree
 
 __all__ = ["NgramIndex"]
-
-_MIN_CAPACITY = 256
 
 
 @jit
@@ -82,9 +79,8 @@ def _ngram_insert_range(text, chains, heads, min_n, begin, end):
 @jit
 def _ngram_extend(text, chains, heads, meta, min_n, tokens):
     """Append ``tokens`` (int64 [m]); return 0, or -1 (nothing appended) on a bad token id."""
-    for i in range(tokens.shape[0]):
-        if tokens[i] < 0 or tokens[i] > 0x7FFFFFFF:
-            return -1
+    if not token_ids_valid(tokens):
+        return -1
     n = meta[0]
     for i in range(tokens.shape[0]):
         text[n + i] = np.int32(tokens[i])
@@ -123,12 +119,9 @@ def _ngram_propose(text, chains, meta, min_n, max_occurrences, max_depth, max_no
     )
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(int(x) - 1, 0).bit_length()
-
-
-class NgramIndex:
-    """Per-request n-gram index (see the module docstring for semantics).
+class NgramIndex(ContextIndex):
+    """Per-request n-gram index (see the module docstring for semantics); appends cost
+    O(max_n) per token.
 
     Args:
         min_n, max_n: n-gram lengths tried, longest first (``1 <= min_n <= max_n``).
@@ -145,116 +138,52 @@ class NgramIndex:
     ) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
-        if context_cap < 2:
-            raise ValueError(f"context_cap must be >= 2, got {context_cap}")
-        if not 1 <= max_occurrences <= MAX_OCCURRENCES:
-            raise ValueError(f"max_occurrences must be in [1, {MAX_OCCURRENCES}]")
         self.min_n = int(min_n)
         self.max_n = int(max_n)
-        self.context_cap = int(context_cap)
-        self.max_occurrences = int(max_occurrences)
-        self.total_tokens = 0
-        self.window_start = 0
-        self._meta = np.zeros(1, dtype=np.int64)
-        self._occ = np.empty(self.max_occurrences, dtype=np.int64)
-        self._out_tokens = np.empty(0, dtype=np.int64)
-        self._out_parents = np.empty(0, dtype=np.int64)
-        self._out_scores = np.empty(0, dtype=np.float32)
-        self._allocate(min(_MIN_CAPACITY, self.context_cap))
+        super().__init__(context_cap, max_occurrences, meta_slots=1)
 
+    # ------------------------------------------------------------------ storage hooks
     def _allocate(self, capacity: int) -> None:
         grams = self.max_n - self.min_n + 1
         self._capacity = capacity
         self._text = np.zeros(capacity, dtype=np.int32)
         self._chains = np.empty((grams, capacity), dtype=np.int32)
-        self._heads = np.full((grams, _next_pow2(2 * capacity)), -1, dtype=np.int32)
+        self._heads = np.full((grams, next_pow2(2 * capacity)), -1, dtype=np.int32)
         self._meta[0] = 0
         self._measure()
 
     def _grow(self, needed: int) -> None:
         n = len(self)
         text = self._text
-        # Doubling, but never past the window cap (needed <= context_cap always).
-        self._allocate(min(max(_next_pow2(needed), 2 * self._capacity), self.context_cap))
+        self._allocate(self._grown_capacity(needed))
         self._text[:n] = text[:n]
         # Re-inserting positions in order leaves each slot on its most recent position, and
         # rewrites the chains to the same values.
         _ngram_insert_range(self._text, self._chains, self._heads, self.min_n, 0, n)
         self._meta[0] = n
 
-    def _measure(self) -> None:
-        """Recompute ``nbytes``: the bytes held by this index's arrays (an attribute, so the
-        store can read it every step for free)."""
-        self.nbytes = (
-            self._text.nbytes + self._chains.nbytes + self._heads.nbytes + self._meta.nbytes
-            + self._occ.nbytes + self._out_tokens.nbytes + self._out_parents.nbytes
-            + self._out_scores.nbytes
-        )
+    def _append(self, tokens: np.ndarray) -> int:
+        return _ngram_extend(self._text, self._chains, self._heads, self._meta, self.min_n, tokens)
 
-    def __len__(self) -> int:
-        """Tokens currently indexed (the window length)."""
-        return int(self._meta[0])
+    def _clear(self) -> None:
+        self._heads.fill(-1)
+        self._meta[0] = 0
 
+    def _index_arrays(self) -> tuple[np.ndarray, ...]:
+        return (self._text, self._chains, self._heads)
+
+    # ------------------------------------------------------------------ queries
     @property
     def match_length(self) -> int:
         """Largest n in [min_n, max_n] whose last n-gram ends earlier in the window, else 0."""
         return int(_ngram_match(self._chains, self._meta, self.min_n)[0])
 
-    def window(self) -> np.ndarray:
-        """The indexed tokens, int32 numpy [len(self)] (a copy)."""
-        return self._text[: len(self)].copy()
-
-    def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
-        """Append token ids (each in ``[0, 2**31)``); O(max_n) per token."""
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        m = tokens.shape[0]
-        # Fast path (every decode step): fits the arrays and the window.
-        if int(self._meta[0]) + m <= min(self._capacity, self.context_cap):
-            if _ngram_extend(self._text, self._chains, self._heads, self._meta, self.min_n, tokens):
-                raise ValueError("token ids must be in [0, 2**31 - 1]")
-            self.total_tokens += m
-            return
-        while tokens.shape[0]:
-            n = len(self)
-            room = self.context_cap - n
-            if room == 0:
-                self._rebuild_tail(self.context_cap // 2)
-                continue
-            chunk = tokens[:room] if tokens.shape[0] > room else tokens
-            if n + chunk.shape[0] > self._capacity:
-                self._grow(n + chunk.shape[0])
-            if _ngram_extend(self._text, self._chains, self._heads, self._meta, self.min_n, chunk):
-                raise ValueError("token ids must be in [0, 2**31 - 1]")
-            self.total_tokens += chunk.shape[0]
-            tokens = tokens[chunk.shape[0] :]
-
-    def _rebuild_tail(self, keep: int) -> None:
-        tail = self._text[len(self) - keep : len(self)].astype(np.int64)
-        self.window_start += len(self) - keep
-        # Same capacity: the window refills to the cap, so reuse the arrays as they are.
-        self._heads.fill(-1)
-        self._meta[0] = 0
-        _ngram_extend(self._text, self._chains, self._heads, self._meta, self.min_n, tail)
-
     def propose(self, max_depth: int, max_nodes: int) -> RetrievedTree:
         """Continuation tree of the longest recurring last n-gram (empty if none)."""
-        if max_nodes <= 0 or max_depth <= 0:
+        if not self._prepare_outputs(max_depth, max_nodes):
             return RetrievedTree.empty()
-        if max_depth > MAX_DEPTH:
-            raise ValueError(f"max_depth must be <= {MAX_DEPTH}")
-        if self._out_tokens.shape[0] < max_nodes:
-            self._out_tokens = np.empty(max_nodes, dtype=np.int64)
-            self._out_parents = np.empty(max_nodes, dtype=np.int64)
-            self._out_scores = np.empty(max_nodes, dtype=np.float32)
-            self._measure()
         m = _ngram_propose(
             self._text, self._chains, self._meta, self.min_n, self.max_occurrences, max_depth,
             max_nodes, self._occ, self._out_tokens, self._out_parents, self._out_scores,
         )
-        if m == 0:
-            return RetrievedTree.empty()
-        return RetrievedTree(
-            tokens=self._out_tokens[:m].copy(),
-            parents=self._out_parents[:m].copy(),
-            scores=self._out_scores[:m].copy(),
-        )
+        return self._take_tree(m)

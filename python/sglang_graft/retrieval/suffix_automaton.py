@@ -31,17 +31,15 @@ amortized O(1) per token; the rebuild is a one-off pause every ``context_cap // 
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import numpy as np
 
+from ._index_base import MAX_TOKEN_ID, ContextIndex, next_pow2, token_ids_valid
 from ._jit import jit
-from .continuation_tree import MAX_DEPTH, MAX_OCCURRENCES, build_continuation_tree
+from .continuation_tree import build_continuation_tree
 from .types import RetrievedTree
 
 __all__ = ["SuffixAutomaton", "MAX_TOKEN_ID"]
-
-MAX_TOKEN_ID = 0x7FFFFFFF  # token ids are stored as int32
 
 # states columns
 _LEN, _LINK, _POS, _EDGE, _CHILD, _NEXT, _PREV = 0, 1, 2, 3, 4, 5, 6
@@ -51,8 +49,6 @@ _SRC, _TOK, _DST, _NXT = 0, 1, 2, 3
 _EDGE_FIELDS = 4
 # meta slots
 _N, _LAST, _NSTATES, _NEDGES = 0, 1, 2, 3
-
-_MIN_CAPACITY = 256
 
 
 @jit
@@ -108,9 +104,8 @@ def _new_state(states, n_states, length, pos):
 @jit
 def _sam_extend(text, states, edges, table, meta, tokens):
     """Append ``tokens`` (int64 [m]); return 0, or -1 (nothing appended) on a bad token id."""
-    for i in range(tokens.shape[0]):
-        if tokens[i] < 0 or tokens[i] > 0x7FFFFFFF:
-            return -1
+    if not token_ids_valid(tokens):
+        return -1
     n = meta[0]
     last = meta[1]
     n_states = meta[2]
@@ -287,12 +282,13 @@ def _rehash(edges, table, n_edges):
         table[slot] = e
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(int(x) - 1, 0).bit_length()
+# The root state: length 0, no suffix link, no end position, no edges, no children.
+_ROOT = (0, -1, -1, -1, -1, -1, -1)
 
 
-class SuffixAutomaton:
-    """Per-request online suffix automaton (see the module docstring for semantics).
+class SuffixAutomaton(ContextIndex):
+    """Per-request online suffix automaton (see the module docstring for semantics); appends
+    cost amortized O(1) per token.
 
     Args:
         context_cap: most tokens indexed at once (>= 2); older ones are dropped by rebuilding
@@ -304,40 +300,28 @@ class SuffixAutomaton:
             which balances the two. It changes the cost, never the answer.
     """
 
+    _TOKEN_RANGE = f"[0, {MAX_TOKEN_ID}]"
+
     def __init__(
         self, context_cap: int = 65536, max_occurrences: int = 128, walk_budget: int | None = None
     ) -> None:
-        if context_cap < 2:
-            raise ValueError(f"context_cap must be >= 2, got {context_cap}")
-        if not 1 <= max_occurrences <= MAX_OCCURRENCES:
-            raise ValueError(f"max_occurrences must be in [1, {MAX_OCCURRENCES}]")
-        self.context_cap = int(context_cap)
-        self.max_occurrences = int(max_occurrences)
         self.walk_budget = walk_budget
-        self.total_tokens = 0  # tokens appended since creation, including dropped ones
-        self.window_start = 0  # absolute position of text[0]
-        self._meta = np.zeros(4, dtype=np.int64)
-        self._occ = np.empty(self.max_occurrences, dtype=np.int64)
-        self._out_tokens = np.empty(0, dtype=np.int64)
-        self._out_parents = np.empty(0, dtype=np.int64)
-        self._out_scores = np.empty(0, dtype=np.float32)
-        self._allocate(min(_MIN_CAPACITY, self.context_cap))
+        super().__init__(context_cap, max_occurrences, meta_slots=4)
 
-    # ------------------------------------------------------------------ storage
+    # ------------------------------------------------------------------ storage hooks
     def _allocate(self, capacity: int) -> None:
         """Fresh empty automaton with room for ``capacity`` tokens (root state only)."""
         self._capacity = capacity
         self._text = np.zeros(capacity, dtype=np.int32)
         self._states = np.empty((2 * capacity + 2, _STATE_FIELDS), dtype=np.int32)
-        self._states[0] = (0, -1, -1, -1, -1, -1, -1)
         self._edges = np.empty((3 * capacity + 1, _EDGE_FIELDS), dtype=np.int32)
-        self._table = np.full(_next_pow2(4 * capacity), -1, dtype=np.int32)
+        self._table = np.full(next_pow2(4 * capacity), -1, dtype=np.int32)
+        self._states[0] = _ROOT
         self._meta[:] = (0, 0, 1, 0)
         self._measure()
 
     def _grow(self, needed: int) -> None:
-        # Doubling, but never past the window cap (needed <= context_cap always).
-        capacity = min(max(_next_pow2(needed), 2 * self._capacity), self.context_cap)
+        capacity = self._grown_capacity(needed)
         text, states, edges = self._text, self._states, self._edges
         n_states, n_edges = int(self._meta[_NSTATES]), int(self._meta[_NEDGES])
         self._capacity = capacity
@@ -347,29 +331,27 @@ class SuffixAutomaton:
         self._states[:n_states] = states[:n_states]
         self._edges = np.empty((3 * capacity + 1, _EDGE_FIELDS), dtype=np.int32)
         self._edges[:n_edges] = edges[:n_edges]
-        self._table = np.full(_next_pow2(4 * capacity), -1, dtype=np.int32)
+        self._table = np.full(next_pow2(4 * capacity), -1, dtype=np.int32)
         _rehash(self._edges, self._table, n_edges)
         self._measure()
+
+    def _append(self, tokens: np.ndarray) -> int:
+        return _sam_extend(self._text, self._states, self._edges, self._table, self._meta, tokens)
+
+    def _clear(self) -> None:
+        self._table.fill(-1)
+        self._states[0] = _ROOT
+        self._meta[:] = (0, 0, 1, 0)
+
+    def _index_arrays(self) -> tuple[np.ndarray, ...]:
+        return (self._text, self._states, self._edges, self._table)
 
     def _walk_budget(self, max_occurrences: int) -> int:
         if self.walk_budget is not None:
             return self.walk_budget
         return max(4 * max_occurrences, math.isqrt(int(self._meta[_N]) * max_occurrences // 2))
 
-    def _measure(self) -> None:
-        """Recompute ``nbytes``: the bytes held by this automaton's arrays (an attribute, so
-        the store can read it every step for free)."""
-        self.nbytes = (
-            self._text.nbytes + self._states.nbytes + self._edges.nbytes + self._table.nbytes
-            + self._meta.nbytes + self._occ.nbytes + self._out_tokens.nbytes
-            + self._out_parents.nbytes + self._out_scores.nbytes
-        )
-
     # ------------------------------------------------------------------ queries
-    def __len__(self) -> int:
-        """Tokens currently indexed (the window length)."""
-        return int(self._meta[_N])
-
     @property
     def num_states(self) -> int:
         return int(self._meta[_NSTATES])
@@ -381,10 +363,6 @@ class SuffixAutomaton:
             return 0
         return int(self._states[self._states[self._meta[_LAST], _LINK], _LEN])
 
-    def window(self) -> np.ndarray:
-        """The indexed tokens, int32 numpy [len(self)] (a copy)."""
-        return self._text[: len(self)].copy()
-
     def match_end_positions(self, limit: int | None = None) -> np.ndarray:
         """Earlier end positions of the match, most recent first, as window indices;
         int64 numpy [<= limit] (all of them when ``limit`` is None)."""
@@ -395,65 +373,17 @@ class SuffixAutomaton:
         )
         return out[:count].copy()
 
-    # ------------------------------------------------------------------ updates
-    def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
-        """Append token ids (each in ``[0, 2**31)``); amortized O(1) per token."""
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        m = tokens.shape[0]
-        # Fast path (every decode step): fits the arrays and the window.
-        if int(self._meta[_N]) + m <= min(self._capacity, self.context_cap):
-            if _sam_extend(self._text, self._states, self._edges, self._table, self._meta, tokens):
-                raise ValueError(f"token ids must be in [0, {MAX_TOKEN_ID}]")
-            self.total_tokens += m
-            return
-        while tokens.shape[0]:
-            n = int(self._meta[_N])
-            room = self.context_cap - n
-            if room == 0:
-                self._rebuild_tail(self.context_cap // 2)
-                continue
-            chunk = tokens[:room] if tokens.shape[0] > room else tokens
-            if n + chunk.shape[0] > self._capacity:
-                self._grow(n + chunk.shape[0])
-            if _sam_extend(self._text, self._states, self._edges, self._table, self._meta, chunk):
-                raise ValueError(f"token ids must be in [0, {MAX_TOKEN_ID}]")
-            self.total_tokens += chunk.shape[0]
-            tokens = tokens[chunk.shape[0] :]
-
-    def _rebuild_tail(self, keep: int) -> None:
-        tail = self._text[len(self) - keep : len(self)].astype(np.int64)
-        self.window_start += len(self) - keep
-        # Same capacity: the window refills to the cap, so reuse the arrays as they are.
-        self._table.fill(-1)
-        self._states[0] = (0, -1, -1, -1, -1, -1, -1)
-        self._meta[:] = (0, 0, 1, 0)
-        _sam_extend(self._text, self._states, self._edges, self._table, self._meta, tail)
-
     # ------------------------------------------------------------------ proposals
     def propose(self, max_depth: int, max_nodes: int, min_match_len: int = 1) -> RetrievedTree:
         """Continuation tree of the match (empty when it is shorter than ``min_match_len``).
 
         At most ``max_nodes`` nodes, each at most ``max_depth`` tokens below the root.
         """
-        if max_nodes <= 0 or max_depth <= 0:
+        if not self._prepare_outputs(max_depth, max_nodes):
             return RetrievedTree.empty()
-        if max_depth > MAX_DEPTH:
-            raise ValueError(f"max_depth must be <= {MAX_DEPTH}")
-        if self._out_tokens.shape[0] < max_nodes:
-            self._out_tokens = np.empty(max_nodes, dtype=np.int64)
-            self._out_parents = np.empty(max_nodes, dtype=np.int64)
-            self._out_scores = np.empty(max_nodes, dtype=np.float32)
-            self._measure()
         m = _sam_propose(
             self._text, self._states, self._meta, min_match_len, self.max_occurrences,
             self._walk_budget(self.max_occurrences), max_depth, max_nodes, self._occ,
             self._out_tokens, self._out_parents, self._out_scores,
         )
-        if m == 0:
-            return RetrievedTree.empty()
-        return RetrievedTree(
-            tokens=self._out_tokens[:m].copy(),
-            parents=self._out_parents[:m].copy(),
-            scores=self._out_scores[:m].copy(),
-        )
-
+        return self._take_tree(m)
