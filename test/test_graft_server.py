@@ -115,7 +115,7 @@ def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extr
 
 def test_graft_concurrency_abort_and_sampling(tiny_models, server_logs, reference):
     ids, ref = reference
-    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models),
+    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--enable-metrics"),
                       log_path=server_logs / "graft-concurrent.log") as srv:
         idle = _server_info(srv)
         # 8 concurrent requests of mixed prompt and output lengths
@@ -148,7 +148,13 @@ def test_graft_concurrency_abort_and_sampling(tiny_models, server_logs, referenc
             assert len(o["output_ids"]) == 24
             assert set(o["meta_info"]["graft_verify"]) == {"sampling"}
             assert all(0 <= t < 4096 for t in o["output_ids"])
-        assert _server_info(srv)["graft"]["sampling_verify_steps"] > 0
+        graft = _server_info(srv)["graft"]
+        assert graft["sampling_verify_steps"] > 0
+        # the same counts on Prometheus
+        metrics = requests.get(srv.url + "/metrics", timeout=30).text
+        steps = [float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("sglang:graft_verify_steps_total")]
+        assert steps and int(sum(steps)) == graft["verify_steps"], metrics[-2000:]
+        assert "sglang:graft_accepted_tokens_total" in metrics and "sglang:graft_pruning_stage_total" in metrics
 
 
 BAD_FLAGS = [

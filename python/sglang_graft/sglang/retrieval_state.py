@@ -24,7 +24,7 @@ from sglang_graft.tree import RetrievalProposals
 class GraftCounters:
     """Server-wide counters (exposed through ``/server_info``)."""
 
-    verify_steps: int = 0
+    verify_steps: int = 0  # verify steps summed over requests
     accepted_draft_tokens: int = 0  # accepted tree nodes proposed by the draft (merged ones included)
     accepted_retrieved_tokens: int = 0  # accepted tree nodes proposed by retrieval only
     bonus_tokens: int = 0

@@ -33,6 +33,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 from sglang.srt.utils import is_cpu
 
 from sglang_graft.sglang.config import GraftConfig, prune_config
+from sglang_graft.sglang.metrics import maybe_prometheus
 from sglang_graft.sglang.retrieval_state import GraftRetrieval
 from sglang_graft.sglang import sampling
 from sglang_graft.sglang.sampling import cpu_sampling_verify
@@ -186,6 +187,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         if self._draft_worker is not None:
             self._draft_worker.graft_cfg = self.graft_cfg
             self._draft_worker.retrieval = self.retrieval
+        self.prometheus = maybe_prometheus(server_args)
         _WORKERS.append(self)
         logger.info("GRAFT worker: N=%d steps=%d topk=%d %s", self.speculative_num_draft_tokens,
                     self.speculative_num_steps, self.topk, self.graft_cfg)
@@ -243,13 +245,15 @@ class GraftWorkerV2(EAGLEWorkerV2):
         drafted = valid.sum(1) - retrieved
         stage = info.stage.tolist()
         c = self.retrieval.counters
-        c.verify_steps += 1
+        c.verify_steps += bs  # request-steps, like SGLang's spec_verify_ct
         c.accepted_retrieved_tokens += int(retrieved.sum())
         c.accepted_draft_tokens += int(drafted.sum())
         c.bonus_tokens += bs
         c.sampling_verify_steps += verify_mode == "sampling"
         for s in stage:
             c.stage_histogram[s] += 1
+        if self.prometheus is not None:
+            self.prometheus.record(int(drafted.sum()), int(retrieved.sum()), stage)
         lo = result.logits_output
         info_out = dict(lo.customized_info or {})
         info_out.update({
