@@ -10,6 +10,7 @@ holds that bookkeeping; a subclass supplies the index structure itself through t
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Sequence
 
 import numpy as np
@@ -41,7 +42,7 @@ def token_ids_valid(tokens):
     return True
 
 
-class ContextIndex:
+class ContextIndex(ABC):
     """Window, growth and proposal-buffer bookkeeping for one request's context index.
 
     Subclasses set their own configuration before calling ``__init__`` (it allocates the
@@ -75,26 +76,31 @@ class ContextIndex:
         self._allocate(min(_MIN_CAPACITY, self.context_cap))
 
     # ------------------------------------------------------------------ hooks
+    @abstractmethod
     def _allocate(self, capacity: int) -> None:
         """Fresh empty index with room for ``capacity`` tokens; must call ``_measure``."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _grow(self, needed: int) -> None:
         """Enlarge to ``_grown_capacity(needed)`` keeping the window; must call ``_measure``."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _append(self, tokens: np.ndarray) -> int:
         """Index ``tokens`` (int64 [m], fits the arrays); the kernel's status, nonzero on a
         bad token id (then nothing was appended)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _clear(self) -> None:
         """Empty the index in place, keeping its arrays (``_text`` is left as it is)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _index_arrays(self) -> tuple[np.ndarray, ...]:
         """The subclass's own arrays, for ``nbytes``."""
-        raise NotImplementedError
+        ...
 
     # ------------------------------------------------------------------ storage
     def _grown_capacity(self, needed: int) -> int:
