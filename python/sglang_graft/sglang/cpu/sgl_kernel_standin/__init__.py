@@ -32,12 +32,16 @@ __version__ = "0.0.0+sglang-graft-cpu-standin"
 register_attention_ops()
 
 
+class CPUKernelUnavailable(NotImplementedError):
+    """An sgl-kernel op that only a CUDA or CPU build of sgl-kernel provides was called."""
+
+
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
 
     def _missing(*args, **kwargs):
-        raise NotImplementedError(
+        raise CPUKernelUnavailable(
             f"sgl_kernel.{name} has no CPU implementation in sglang-graft's sgl_kernel stand-in; "
             "this SGLang feature needs a CPU build of sgl-kernel or a GPU"
         )
