@@ -232,7 +232,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
         rows = torch.arange(bs, device=accept_lens.device)
         # committed tokens: the compacted front of each N-block (what the scheduler reads)
         tokens = result.next_token_ids.view(bs, n)
-        accepted = [row[:k].tolist() for row, k in zip(tokens, accept_lens.tolist())]
+        # one device-to-host copy for the batch, not one per request
+        accepted = [row[:k] for row, k in zip(tokens.tolist(), accept_lens.tolist())]
         self.retrieval.commit(batch.reqs, accepted)
         self.retrieval.learn(vi.draft_token.view(bs, n), info.verified_nodes,
                              result.logits_output.next_token_logits)
@@ -244,22 +245,23 @@ class GraftWorkerV2(EAGLEWorkerV2):
         retrieved = from_retrieval.sum(1)
         drafted = valid.sum(1) - retrieved
         stage = info.stage.tolist()
+        retrieved_list, drafted_list = retrieved.tolist(), drafted.tolist()
         c = self.retrieval.counters
         c.verify_steps += bs  # request-steps, like SGLang's spec_verify_ct
-        c.accepted_retrieved_tokens += int(retrieved.sum())
-        c.accepted_draft_tokens += int(drafted.sum())
+        c.accepted_retrieved_tokens += sum(retrieved_list)
+        c.accepted_draft_tokens += sum(drafted_list)
         c.bonus_tokens += bs
         c.sampling_verify_steps += verify_mode == "sampling"
         for s in stage:
             c.stage_histogram[s] += 1
         if self.prometheus is not None:
-            self.prometheus.record(int(drafted.sum()), int(retrieved.sum()), stage)
+            self.prometheus.record(sum(drafted_list), sum(retrieved_list), stage)
         lo = result.logits_output
         info_out = dict(lo.customized_info or {})
         info_out.update({
             "graft_stage": stage,
-            "graft_retrieved_accepted": retrieved.tolist(),
-            "graft_draft_accepted": drafted.tolist(),
+            "graft_retrieved_accepted": retrieved_list,
+            "graft_draft_accepted": drafted_list,
             "graft_verify": [verify_mode] * bs,
         })
         lo.customized_info = info_out
