@@ -6,7 +6,8 @@ Seven categories: ``mt_bench`` (MT-bench turn 1, all but math), ``code`` (HumanE
 (Spanish Reina-Valera 1909 -> English, Debian's public-domain SWORD modules).
 
 Every set is split deterministically: ``bench`` takes the even positions, ``train`` the odd ones, so
-a draft trained on ``train`` never sees a benchmark prompt. Install the sources with
+a draft trained on ``train`` never sees a benchmark prompt (summarization adds longer tasks to
+``bench`` only). Install the sources with
 ``bash scripts/install_bench.sh``.
 """
 
@@ -70,15 +71,23 @@ def _qa() -> list[str]:
     return out
 
 
-def _summarization(max_chars: int = 2500) -> list[str]:
+def _writingbench(words: tuple[str, ...], max_chars: int) -> list[str]:
     path = _file("inspect-evals", "inspect_evals/writingbench/benchmark_all.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    out = []
-    for r in rows:
-        q = r["query"]
-        if q.isascii() and len(q) <= max_chars and any(w in q.lower() for w in ("summar", "rewrite", "revise", "polish")):
-            out.append(q)
-    return out
+    return [r["query"] for r in rows
+            if r["query"].isascii() and len(r["query"]) <= max_chars and any(w in r["query"].lower() for w in words)]
+
+
+def _summarization() -> list[str]:
+    return _writingbench(("summar", "rewrite", "revise", "polish"), 2500)
+
+
+def _summarization_bench_only() -> list[str]:
+    # 12 short tasks above leave only 6 to benchmark; these longer ones (up to 4000 characters)
+    # join the bench split only, so the train split the committed draft head saw stays as it was.
+    first = set(_summarization())
+    wider = _writingbench(("summar", "rewrite", "revise", "polish", "condense", "shorten", "paraphrase"), 4000)
+    return [q for q in wider if q not in first]
 
 
 def _math(n: int = 200) -> list[str]:
@@ -102,6 +111,7 @@ def _translation(n: int = 400) -> list[str]:
 
 _LOADERS = {"mt_bench": _mt_bench, "code": _code, "rag": _rag, "qa": _qa, "summarization": _summarization,
             "math": _math, "translation": _translation}
+_BENCH_ONLY = {"summarization": _summarization_bench_only}
 
 
 def load(category: str, split: str = "bench", limit: int | None = None) -> list[str]:
@@ -110,7 +120,14 @@ def load(category: str, split: str = "bench", limit: int | None = None) -> list[
         raise SystemExit(f"unknown category {category!r}; choose from {', '.join(CATEGORIES)}")
     if split not in ("bench", "train"):
         raise ValueError(f"split must be bench or train, got {split!r}")
-    items = _LOADERS[category]()[split == "train"::2]
+    every = _LOADERS[category]()
+    items = every[split == "train"::2]
+    if split == "bench":
+        items += _BENCH_ONLY[category]() if category in _BENCH_ONLY else []
+        # some sets repeat a prompt (ChatRAG does): keep a benchmark prompt only once and never one
+        # that is also in the train split
+        seen = set(every[1::2])
+        items = [p for p in items if not (p in seen or seen.add(p))]
     return items[:limit] if limit is not None else items
 
 
