@@ -13,7 +13,13 @@ prompt of every category at batch size 1, and reports per method x category:
 
 Writes ``--json``, a Markdown table and PNG plots next to it.
 
-    python benchmark/spec_bench.py --quick                      # SmolLM2 + committed head, 2 prompts/category
+The full run (defaults: 5 prompts per category, 128 new tokens, one server at a time) is what
+``benchmark/RESULTS.md`` reports. ``--quick`` (2 prompts per category, 64 new tokens) measures two
+servers side by side (``--lanes 2``) to finish in about 10 minutes on 2 cores; its assertions are the
+same, its speed ratios only indicative since two methods share the CPU.
+
+    python benchmark/spec_bench.py                              # full run: SmolLM2 + committed head
+    python benchmark/spec_bench.py --quick                      # 2 prompts/category, 64 tokens, 2 lanes
     python benchmark/spec_bench.py --model DIR --draft HEAD --prompts my.jsonl --methods none,GRAFT-sam
 """
 
@@ -23,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,18 +119,26 @@ def main() -> None:
     ap.add_argument("--categories", default=",".join(prompt_sets.CATEGORIES))
     ap.add_argument("--methods", default="none,NGRAM,EAGLE3-tree,EAGLE3-chain,GRAFT-sam,GRAFT-recycle,GRAFT-auto,"
                     "GRAFT-prune-only")
-    ap.add_argument("--num-prompts", type=int, default=10, help="prompts per category")
+    ap.add_argument("--num-prompts", type=int, default=5, help="prompts per category")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0 (greedy, outputs asserted identical in float32) or e.g. 1; note that on a CPU SGLang "
+                    "verifies EAGLE3 / NGRAM sampling requests greedily, while GRAFT samples")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--num-draft-tokens", type=int, default=16, help="verify budget N (root included)")
-    ap.add_argument("--quick", action="store_true", help="2 prompts per category, 64 new tokens")
+    ap.add_argument("--quick", action="store_true", help="2 prompts per category, 64 new tokens, 2 lanes")
+    ap.add_argument("--lanes", type=int, help="servers measured at the same time (default 1; 2 with --quick: "
+                    "fits 10 minutes on 2 cores, but then methods share the CPU and speed ratios are indicative)")
     ap.add_argument("--json", type=Path, default=HERE / "out" / "spec_bench.json")
     args = ap.parse_args()
     if args.quick:
         args.num_prompts, args.max_new_tokens = 2, 64
+    if args.lanes is None:
+        args.lanes = 2 if args.quick else 1
+    if args.lanes < 1:
+        sys.exit("--lanes must be >= 1")
 
     from transformers import AutoTokenizer
 
@@ -158,11 +173,16 @@ def main() -> None:
     log_dir = out_dir / "server-logs"
     log_dir.mkdir(exist_ok=True)
     t_start = time.time()
-    measured = {}
-    for name in chosen:
-        print(f"[spec_bench] {name}: {len(prompts)} prompts", flush=True)
-        measured[name] = run_method(table[name], args.model, args.draft, args.dtype, prompts,
-                                    args.max_new_tokens, args.temperature, log_dir)
+    def measure(name: str) -> dict[str, Cell]:
+        t0 = time.time()
+        cells = run_method(table[name], args.model, args.draft, args.dtype, prompts, args.max_new_tokens,
+                           args.temperature, log_dir)
+        print(f"[spec_bench] {name}: {len(prompts)} prompts in {time.time() - t0:.0f} s (server start included)",
+              flush=True)
+        return cells
+
+    with ThreadPoolExecutor(max_workers=args.lanes) as pool:  # each lane: one server, batch size 1
+        measured = dict(zip(chosen, pool.map(measure, chosen)))
 
     base = measured["none"]
     results = []
@@ -181,7 +201,7 @@ def main() -> None:
                 "verify_tokens": 1 if name == "none" else args.num_draft_tokens,
                 "identical": identical, "tokens": c.tokens,
             })
-    report = {"results": results, "config": {k: str(v) for k, v in vars(args).items()},
+    report = {"results": results, "config": {k: _portable(v) for k, v in vars(args).items()},
               "wall_s": round(time.time() - t_start, 1)}
     args.json.write_text(json.dumps(report, indent=2))
     md = render_markdown(results)
@@ -192,6 +212,17 @@ def main() -> None:
         bad = [(r["method"], r["category"]) for r in results if not r["identical"]]
         if bad:
             sys.exit(f"outputs differ from no speculation at T=0 in float32: {bad}")
+
+
+def _portable(value) -> str:
+    """Config values for the report; paths relative to the checkout or to ``~`` so results can be shared."""
+    if not isinstance(value, Path):
+        return str(value)
+    path = value.resolve()
+    for base, label in ((HERE.parent, ""), (Path.home(), "~/")):
+        if path.is_relative_to(base):
+            return label + str(path.relative_to(base))
+    return str(value)
 
 
 def render_markdown(results: list[dict]) -> str:
