@@ -16,6 +16,7 @@ Typical step (see :func:`build_graft_tree`)::
 
 from .draft import (
     build_tree_from_sglang_draft,
+    chain_pool,
     draft_depths,
     draft_pool_from_sglang,
     sglang_draft_tree_layout,
@@ -31,9 +32,13 @@ from .flatten import (
 )
 from .graft import Placement, graft, graft_anchor
 from .guards import HostSyncError, forbid_host_sync
-from .pipeline import GraftStep, build_graft_tree
+from .pipeline import GraftStep, Proposer, build_graft_tree
 from .prune import confidence_at_checkpoints, keep_best_draft_nodes, prune_by_confidence, pruning_stage
 from .types import (
+    DEFAULT_THRESHOLDS,
+    PAPER_BUDGET,
+    PAPER_CHECKPOINT_DEPTHS,
+    PAPER_KEEP_PER_STAGE,
     DraftPool,
     GraftTree,
     PruneConfig,
@@ -41,6 +46,7 @@ from .types import (
     RetrievalProposals,
     TreeMaskMode,
     VerifyLayout,
+    draft_pool_size,
 )
 from .verify import (
     emitted_tokens,
@@ -63,8 +69,15 @@ __all__ = [
     "VerifyLayout",
     "GraftStep",
     "Placement",
+    "Proposer",
+    "draft_pool_size",
+    "PAPER_CHECKPOINT_DEPTHS",
+    "PAPER_KEEP_PER_STAGE",
+    "PAPER_BUDGET",
+    "DEFAULT_THRESHOLDS",
     # SGLang draft format
     "draft_pool_from_sglang",
+    "chain_pool",
     "draft_depths",
     "tree_from_sglang_selection",
     "sglang_draft_tree_layout",

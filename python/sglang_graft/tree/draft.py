@@ -22,10 +22,11 @@ from typing import Optional, Sequence
 import torch
 
 from .flatten import encode_tree_mask, flatten
-from .types import DraftPool, TreeMaskMode, VerifyLayout
+from .types import DraftPool, TreeMaskMode, VerifyLayout, draft_pool_size
 
 __all__ = [
     "draft_pool_from_sglang",
+    "chain_pool",
     "draft_depths",
     "tree_from_sglang_selection",
     "sglang_draft_tree_layout",
@@ -35,8 +36,7 @@ __all__ = [
 
 def draft_depths(topk: int, num_steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """``[M] int64`` draft depth of each flat candidate index (0 = children of the root)."""
-    m = topk + (num_steps - 1) * topk * topk
-    s = torch.arange(m, device=device)
+    s = torch.arange(draft_pool_size(topk, num_steps), device=device)
     return torch.where(s < topk, 0, 1 + (s - topk) // (topk * topk))
 
 
@@ -61,7 +61,7 @@ def draft_pool_from_sglang(
         num_steps: number of draft steps.
 
     Returns:
-        The pool, ``M = topk + (num_steps - 1) * topk**2`` candidates per request.
+        The pool, ``M = draft_pool_size(topk, num_steps)`` candidates per request.
     """
     if not isinstance(scores, torch.Tensor):
         scores = torch.cat(list(scores), dim=1).flatten(1)
@@ -71,8 +71,8 @@ def draft_pool_from_sglang(
         parts = list(parent_list)
         parent_list = torch.cat(parts[:-1], dim=1) if len(parts) > 1 else parts[0][:, :0]
     bs, m = tokens.shape
-    if m != topk + (num_steps - 1) * topk * topk:
-        raise ValueError(f"expected {topk + (num_steps - 1) * topk * topk} candidates, got {m}")
+    if m != draft_pool_size(topk, num_steps):
+        raise ValueError(f"expected {draft_pool_size(topk, num_steps)} candidates, got {m}")
     device = tokens.device
     depths = draft_depths(topk, num_steps, device).expand(bs, m)
     if parent_list.shape[1] == 0:
@@ -87,6 +87,36 @@ def draft_pool_from_sglang(
         depths=depths,
         topk=topk,
         num_steps=num_steps,
+    )
+
+
+def chain_pool(tokens: torch.Tensor, step_probs: torch.Tensor) -> DraftPool:
+    """The pool of a chain draft (``topk = 1``): token ``d`` is the child of token ``d - 1``.
+
+    SGLang's chain draft reports every step's probability as 1.0 (the chain path is greedy
+    and never reads them); GRAFT's confidence checkpoints need the real ones, so the caller
+    passes the draft's probability of each chosen token.
+
+    Args:
+        tokens: ``[bs, S]`` chain tokens, draft depths 0..S-1 (target vocabulary).
+        step_probs: ``[bs, S]`` draft probability of each token given its prefix.
+
+    Returns:
+        A pool with ``topk = 1``, ``num_steps = S`` and cumulative path probabilities as
+        scores (``scores[:, d] = prod(step_probs[:, :d + 1])``).
+
+    Example: ``step_probs = [[0.9, 0.5, 0.8]]`` gives scores ``[[0.9, 0.45, 0.36]]`` and parents
+    ``[[-1, 0, 1]]``.
+    """
+    bs, steps = tokens.shape
+    parents = torch.arange(-1, steps - 1, device=tokens.device).expand(bs, steps)
+    return DraftPool(
+        tokens=tokens.to(torch.int64),
+        parents=parents.contiguous(),
+        scores=torch.cumprod(step_probs.to(torch.float32), dim=1),
+        depths=torch.arange(steps, device=tokens.device).expand(bs, steps).contiguous(),
+        topk=1,
+        num_steps=steps,
     )
 
 

@@ -85,6 +85,7 @@ def graft(
     num_nodes: int,
     placement: Placement = "root",
     pad_token_id: int = 0,
+    anchor_index: torch.Tensor | None = None,
 ) -> GraftTree:
     """Assemble the ``N``-node hybrid tree of each request.
 
@@ -97,6 +98,8 @@ def graft(
         num_nodes: ``N``, root included.
         placement: ``"root"`` (published) or ``"deepest_draft"``.
         pad_token_id: token of padding slots.
+        anchor_index: ``[bs]`` the first output of :func:`graft_anchor` when the caller
+            already computed it (to query retrieval for the anchor token); recomputed if None.
 
     Returns:
         A :class:`GraftTree` with fixed ``[bs, N]`` shapes.
@@ -130,7 +133,8 @@ def graft(
         from_draft.scatter_(1, draft_slot, keep)
         draft_index.scatter_(1, draft_slot, torch.arange(m, device=device).expand(bs, m))
 
-    anchor_index, _ = graft_anchor(pool, pruned, root_tokens, placement)
+    if anchor_index is None:
+        anchor_index, _ = graft_anchor(pool, pruned, root_tokens, placement)
     if m:
         anchor_draft_slot = draft_slot.gather(1, anchor_index.clamp(min=0)[:, None])[:, 0]
         anchor_slot = torch.where(anchor_index >= 0, anchor_draft_slot, 0)

@@ -25,6 +25,11 @@ from typing import Optional, Tuple
 import torch
 
 __all__ = [
+    "draft_pool_size",
+    "PAPER_CHECKPOINT_DEPTHS",
+    "PAPER_KEEP_PER_STAGE",
+    "PAPER_BUDGET",
+    "DEFAULT_THRESHOLDS",
     "TreeMaskMode",
     "DraftPool",
     "RetrievalProposals",
@@ -33,6 +38,21 @@ __all__ = [
     "GraftTree",
     "VerifyLayout",
 ]
+
+
+# The paper's 60-node example (Sec. 3.1): checkpoints at draft depths 0, 1 and 5 keep 8, 24 or 40
+# draft nodes of a budget of 60 non-root slots (N = 61 in SGLang's counting, root included).
+PAPER_CHECKPOINT_DEPTHS: Tuple[int, ...] = (0, 1, 5)
+PAPER_KEEP_PER_STAGE: Tuple[int, ...] = (8, 24, 40)
+PAPER_BUDGET = 60
+# Confidence thresholds per checkpoint (a third-party reimplementation's choice, to be calibrated).
+DEFAULT_THRESHOLDS: Tuple[float, ...] = (0.35, 0.25, 0.15)
+
+
+def draft_pool_size(topk: int, num_steps: int) -> int:
+    """Candidates ``M`` of one EAGLE draft round: ``topk`` at draft depth 0, then ``topk**2``
+    expansions per later step (``topk = 1``: a chain of ``num_steps`` tokens)."""
+    return topk + (num_steps - 1) * topk * topk
 
 
 class TreeMaskMode(IntEnum):
@@ -54,7 +74,7 @@ class TreeMaskMode(IntEnum):
 class DraftPool:
     """Every candidate of one EAGLE draft round, in SGLang's flat score-list order.
 
-    ``M = topk + (num_steps - 1) * topk**2``: the ``topk`` first-level candidates, then for
+    ``M = draft_pool_size(topk, num_steps)``: the ``topk`` first-level candidates, then for
     each later step the ``topk * topk`` expansions of the ``topk`` beams kept at the previous
     step (``torch.cat(score_list, 1).flatten(1)`` in SGLang's ``organize_draft_results``).
 
@@ -132,9 +152,9 @@ class PruneConfig:
     meant to be calibrated.
     """
 
-    checkpoint_depths: Tuple[int, ...] = (0, 1, 5)
-    thresholds: Tuple[float, ...] = (0.35, 0.25, 0.15)
-    keep_per_stage: Tuple[int, ...] = (8, 24, 40)
+    checkpoint_depths: Tuple[int, ...] = PAPER_CHECKPOINT_DEPTHS
+    thresholds: Tuple[float, ...] = DEFAULT_THRESHOLDS
+    keep_per_stage: Tuple[int, ...] = PAPER_KEEP_PER_STAGE
     min_retrieval_slots: int = 0
 
     def __post_init__(self) -> None:
