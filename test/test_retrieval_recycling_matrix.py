@@ -10,6 +10,7 @@ from sglang_graft.retrieval import (
     DEFAULT_WIDTHS,
     RecyclingMatrix,
     RetrievedTree,
+    ScopeTable,
     build_template,
     stack_trees,
 )
@@ -204,3 +205,56 @@ def test_runs_under_deterministic_algorithms():
         assert out[0, :8].tolist() == list(range(16, 24)) and valid[0, :8].all()
     finally:
         torch.use_deterministic_algorithms(previous)
+
+
+# -- scopes ------------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), scopes=st.integers(1, 4), n=st.integers(0, 40), vocab=st.integers(2, 12))
+def test_scoped_updates_equal_one_reference_per_scope(seed, scopes, n, vocab):
+    """Rows of different scopes never mix; invalid rows change nothing; last duplicate wins."""
+    g = torch.Generator().manual_seed(seed)
+    k = 3
+    m = RecyclingMatrix(vocab, k=k, widths=(3, 4, 2), num_scopes=scopes)
+    refs = [ReferenceMatrix(k) for _ in range(scopes)]
+    for _ in range(3):
+        tokens = torch.randint(0, vocab, (n,), generator=g)
+        topk = torch.stack([torch.randperm(vocab, generator=g)[:k] for _ in range(n)]) if n and vocab >= k else None
+        if topk is None:
+            topk = torch.randint(0, vocab, (n, k), generator=g)
+        scope = torch.randint(0, scopes, (n,), generator=g)
+        valid = torch.rand(n, generator=g) < 0.7
+        m.update(tokens, topk, scopes=scope, valid=valid)
+        for t, row, s, ok in zip(tokens.tolist(), topk.tolist(), scope.tolist(), valid.tolist()):
+            if ok:
+                refs[s].update([t], [row])
+    template = m.template()
+    roots = torch.randint(0, vocab, (scopes,), generator=g)
+    toks, val = m.propose(roots, scopes=torch.arange(scopes))
+    for s in range(scopes):
+        rt, rv = refs[s].propose(int(roots[s]), template)
+        assert toks[s].tolist() == rt and val[s].tolist() == rv
+        assert sorted(refs[s].rows) == torch.nonzero(m.scope_table(s)[:, 0] != vocab).flatten().tolist()
+
+
+def test_reset_of_one_scope_leaves_the_others():
+    m = RecyclingMatrix(5, k=2, widths=(2,), num_scopes=2)
+    m.update(torch.tensor([1, 1]), torch.tensor([[2, 3], [3, 4]]), scopes=torch.tensor([0, 1]))
+    m.reset(0)
+    assert not m.filled.any()
+    assert m.scope_table(1)[1].tolist() == [3, 4]
+
+
+def test_scope_table_shares_by_key_and_hands_over_lru_scopes_empty():
+    t = ScopeTable(2)
+    assert t.acquire("a", "t1") == (0, False)
+    assert t.acquire("b", "t1") == (0, False)  # same tenant, same scope
+    assert t.acquire("c", "t2") == (1, False)
+    with pytest.raises(RuntimeError):
+        t.acquire("d", "t3")  # both scopes in use
+    for rid in "abc":
+        t.release(rid)
+    assert t.acquire("e", "t2") == (1, False)  # t2 kept its scope while nobody used it
+    assert t.acquire("f", "t3") == (0, True)  # t1's idle scope goes to t3, to be emptied
+    t.release("f", forget=True)
+    assert t.acquire("g", "t4") == (0, True)  # forgotten, but written: still emptied before reuse
+    assert t.live() == 2

@@ -11,7 +11,7 @@ Nothing here imports SGLang.
 """
 
 from .ngram import NgramIndex
-from .recycling_matrix import DEFAULT_WIDTHS, RecyclingMatrix, RecyclingTemplate, build_template
+from .recycling_matrix import DEFAULT_WIDTHS, RecyclingMatrix, RecyclingTemplate, ScopeTable, build_template
 from .store import SOURCES, RetrievalStore, StoreStats
 from .suffix_automaton import SuffixAutomaton
 from .types import RetrievedTree, stack_trees
@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_WIDTHS",
     "NgramIndex",
     "RecyclingMatrix",
+    "ScopeTable",
     "RecyclingTemplate",
     "RetrievalStore",
     "RetrievedTree",

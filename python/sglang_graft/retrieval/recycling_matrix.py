@@ -8,8 +8,8 @@ whole batch at once (``propose``): no Python loop over nodes and no host synchro
 
 Choices, documented because callers depend on them:
 
-* Initial content: every row holds the sentinel ``vocab_size`` (an id no model emits), and the
-  table has one extra row ``vocab_size`` that holds the sentinel too. A node read from an
+* Initial content: every row holds the sentinel ``vocab_size`` (an id no model emits), and each
+  table has one extra row ``vocab_size`` that holds the sentinel too (and a dump row after it). A node read from an
   unfilled row is therefore the sentinel, and so are all nodes below it, which lets ``propose``
   carry validity inside the token values (one gather per depth, no mask arithmetic). Outputs
   turn sentinel nodes into token 0 with ``valid`` False. ``filled`` is derived from the table.
@@ -31,7 +31,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-__all__ = ["RecyclingMatrix", "RecyclingTemplate", "DEFAULT_WIDTHS", "build_template"]
+__all__ = ["RecyclingMatrix", "RecyclingTemplate", "ScopeTable", "DEFAULT_WIDTHS", "build_template"]
 
 # Published token-recycling profile: 52 nodes over 9 depths.
 DEFAULT_WIDTHS: tuple[int, ...] = (8, 10, 8, 6, 5, 4, 4, 4, 3)
@@ -124,13 +124,18 @@ class _DeviceTemplate:
 
 
 class RecyclingMatrix:
-    """``[vocab_size, k]`` successor table with batched update and template proposals.
+    """``[vocab_size, k]`` successor tables, one per scope, with batched update and proposals.
+
+    A scope is one independent table (``num_scopes`` of them, all on one device); every row of a
+    batch names its scope, so requests that must not share what they learn (different tenants)
+    use different scopes in the same call. Scope 0 is the only one by default.
 
     Args:
-        vocab_size: rows of the table (token ids must be in ``[0, vocab_size)``).
+        vocab_size: rows of a table (token ids must be in ``[0, vocab_size)``).
         k: successors kept per token.
         widths: default template (``DEFAULT_WIDTHS``: 52 nodes, needs ``k >= 8``).
-        device: where the table lives (the model's device in serving).
+        device: where the tables live (the model's device in serving).
+        num_scopes: independent tables.
     """
 
     def __init__(
@@ -139,15 +144,22 @@ class RecyclingMatrix:
         k: int = 8,
         widths: Sequence[int] = DEFAULT_WIDTHS,
         device: torch.device | str = "cpu",
+        num_scopes: int = 1,
     ) -> None:
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        if num_scopes < 1:
+            raise ValueError(f"num_scopes must be >= 1, got {num_scopes}")
         self.vocab_size = int(vocab_size)
         self.k = int(k)
+        self.num_scopes = int(num_scopes)
         self.device = torch.device(device)
-        # [vocab_size + 1, k]: the last row is the sentinel row (see the module docstring).
+        # Per scope vocab_size + 2 rows: the tokens, the sentinel row ``vocab_size`` (read by
+        # proposals, never written) and the dump row ``vocab_size + 1`` (absorbs the writes of
+        # rows that are not real nodes, so updates have fixed shapes).
+        self.rows_per_scope = self.vocab_size + 2
         self.successors = torch.full(
-            (self.vocab_size + 1, self.k), self.vocab_size, dtype=torch.int32, device=self.device
+            (self.num_scopes * self.rows_per_scope, self.k), self.vocab_size, dtype=torch.int32, device=self.device
         )
         self.default_widths = tuple(int(w) for w in widths)
         self._templates: dict[tuple[int, ...], _DeviceTemplate] = {}
@@ -155,18 +167,23 @@ class RecyclingMatrix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the table."""
+        """Bytes of all tables."""
         return self.successors.nbytes
 
-    @property
-    def filled(self) -> torch.Tensor:
-        """bool [vocab_size]: rows written by ``update`` since creation or ``reset``."""
-        return self.successors[: self.vocab_size, 0] != self.vocab_size
+    def scope_table(self, scope: int = 0) -> torch.Tensor:
+        """int32 [vocab_size, k]: scope ``scope``'s successor rows (unfilled rows hold ``vocab_size``)."""
+        start = scope * self.rows_per_scope
+        return self.successors[start : start + self.vocab_size]
 
     @property
     def table(self) -> torch.Tensor:
-        """int32 [vocab_size, k]: the successor rows (unfilled rows hold ``vocab_size``)."""
-        return self.successors[: self.vocab_size]
+        """int32 [vocab_size, k]: scope 0's successor rows."""
+        return self.scope_table(0)
+
+    @property
+    def filled(self) -> torch.Tensor:
+        """bool [vocab_size]: scope 0's rows written by ``update`` since creation or ``reset``."""
+        return self.table[:, 0] != self.vocab_size
 
     def template(self, widths: Sequence[int] | None = None) -> RecyclingTemplate:
         """The static tree used for ``widths`` (default: the constructor's)."""
@@ -182,58 +199,86 @@ class RecyclingMatrix:
             self._templates[widths] = cached
         return cached
 
-    def reset(self) -> None:
-        """Forget every row (back to the initial, all-unfilled table)."""
-        self.successors.fill_(self.vocab_size)
+    def _scope_offsets(self, scopes: torch.Tensor | None, n: int) -> torch.Tensor | int:
+        if scopes is None:
+            return 0
+        if scopes.shape != (n,):
+            raise ValueError(f"scopes must be [{n}], got {tuple(scopes.shape)}")
+        return scopes.to(torch.int64) * self.rows_per_scope
 
-    def update(self, node_tokens: torch.Tensor, node_topk: torch.Tensor) -> None:
-        """Write ``node_topk[i]`` into row ``node_tokens[i]``; the last duplicate wins.
+    def reset(self, scope: int | None = None) -> None:
+        """Forget every row of ``scope`` (every scope when None)."""
+        if scope is None:
+            self.successors.fill_(self.vocab_size)
+        else:
+            start = scope * self.rows_per_scope
+            self.successors[start : start + self.rows_per_scope].fill_(self.vocab_size)
 
-        node_tokens: int64 [n] on the table's device, each in ``[0, vocab_size)``;
+    def update(
+        self,
+        node_tokens: torch.Tensor,
+        node_topk: torch.Tensor,
+        scopes: torch.Tensor | None = None,
+        valid: torch.Tensor | None = None,
+    ) -> None:
+        """Write ``node_topk[i]`` into row ``node_tokens[i]`` of scope ``scopes[i]``; the last
+        duplicate wins.
+
+        node_tokens: int64 [n] on the table's device, each in ``[0, vocab_size)`` where valid;
         node_topk: int64 (or int32) [n, k], the target's top-k next tokens at each node, best
         first, each in ``[0, vocab_size)`` and distinct within a row (as ``torch.topk`` gives),
-        so siblings in proposals are distinct. No host synchronisation.
+        so siblings in proposals are distinct; scopes: int64 [n] (default all 0); valid: bool
+        [n], rows that are not real nodes write to a dump row (fixed shapes, no boolean
+        indexing). No host synchronisation.
         """
         n = node_tokens.shape[0]
         if node_topk.shape != (n, self.k):
             raise ValueError(f"node_topk must be [{n}, {self.k}], got {tuple(node_topk.shape)}")
         if n == 0:
             return
-        # Stable sort groups equal tokens with their original order kept, so the last member
+        rows_index = node_tokens.to(torch.int64)
+        if valid is not None:
+            rows_index = torch.where(valid, rows_index, self.vocab_size + 1)
+        rows_index = rows_index + self._scope_offsets(scopes, n)
+        # Stable sort groups equal rows with their original order kept, so the last member
         # of each run is the last occurrence. Every member then writes the winner's row.
-        sorted_tokens, order = torch.sort(node_tokens, stable=True)
+        sorted_rows, order = torch.sort(rows_index, stable=True)
         positions = torch.arange(n, device=node_tokens.device)
         run_last = torch.ones(n, dtype=torch.bool, device=node_tokens.device)
-        run_last[:-1] = sorted_tokens[1:] != sorted_tokens[:-1]
+        run_last[:-1] = sorted_rows[1:] != sorted_rows[:-1]
         run_end = torch.where(run_last, positions, n)
         run_end = torch.flip(torch.cummin(torch.flip(run_end, (0,)), 0).values, (0,))
         winners = order[run_end]
         rows = node_topk.index_select(0, winners).to(torch.int32)
-        self.successors.index_copy_(0, sorted_tokens, rows)
+        self.successors.index_copy_(0, sorted_rows, rows)
 
     def propose(
-        self, root_tokens: torch.Tensor, widths: Sequence[int] | None = None
+        self, root_tokens: torch.Tensor, widths: Sequence[int] | None = None, scopes: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expand the template under every root token.
+        """Expand the template under every root token, in its scope's table.
 
         root_tokens: int64 [bs] (the last token of each request's context, in
-        ``[0, vocab_size)``). Returns ``(tokens [bs, K] int64, valid [bs, K] bool)``; invalid
-        nodes hold token 0. The tree shape is ``template(widths).parents`` ([K], shared by the
-        batch). Two gathers per depth, then three ops for the whole tree.
+        ``[0, vocab_size)``); scopes: int64 [bs] (default all 0). Returns
+        ``(tokens [bs, K] int64, valid [bs, K] bool)``; invalid nodes hold token 0. The tree
+        shape is ``template(widths).parents`` ([K], shared by the batch). Two gathers per
+        depth, then three ops for the whole tree.
         """
         plan = self._template(self._widths(widths))
+        offsets = self._scope_offsets(scopes, root_tokens.shape[0])
+        if isinstance(offsets, torch.Tensor):
+            offsets = offsets.unsqueeze(1)
         levels = []
-        parent_tokens = root_tokens.unsqueeze(1)  # [bs, 1], broadcast against depth 1's ranks
+        parent_tokens = root_tokens.to(torch.int64).unsqueeze(1)  # [bs, 1], broadcast against depth 1's ranks
         for ranks, parents in plan.levels:
             if parents is not None:
-                parent_tokens = levels[-1][:, parents]
-            levels.append(self.successors[parent_tokens, ranks])  # int32 [bs, w_d]
+                parent_tokens = levels[-1][:, parents].to(torch.int64)
+            levels.append(self.successors[parent_tokens + offsets, ranks])  # int32 [bs, w_d]
         tokens = torch.cat(levels, dim=1)
         valid = tokens != self.vocab_size
         return torch.where(valid, tokens, 0).to(torch.int64), valid
 
     def propose_padded(
-        self, root_tokens: torch.Tensor, widths: Sequence[int] | None = None
+        self, root_tokens: torch.Tensor, widths: Sequence[int] | None = None, scopes: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``propose`` in the padded batch format of ``stack_trees``.
 
@@ -242,8 +287,74 @@ class RecyclingMatrix:
         nodes are closed under taking parents but need not be a prefix of the K slots.
         """
         plan = self._template(self._widths(widths))
-        tokens, valid = self.propose(root_tokens, widths)
+        tokens, valid = self.propose(root_tokens, widths, scopes)
         bs = root_tokens.shape[0]
         parents = torch.where(valid, plan.parents.unsqueeze(0).expand(bs, -1), -1)
         scores = torch.where(valid, plan.scores.unsqueeze(0), float("-inf"))
         return tokens, parents, scores, valid
+
+
+class ScopeTable:
+    """Which recycling-matrix scope each live request uses (host side, deterministic).
+
+    Requests with the same key share a scope; a scope lives while a request uses it and is then
+    kept for its key until another key needs the slot (least recently used first), when it is
+    handed over empty. Assignment depends only on the order of ``acquire`` / ``release`` calls,
+    so every tensor-parallel rank assigns the same scopes.
+
+    Example: with 2 scopes, ``acquire("a", "t1") -> 0``, ``acquire("b", "t1") -> 0``,
+    ``acquire("c", "t2") -> 1``; after ``release`` of all three, ``acquire("d", "t3")`` reuses
+    scope 0 (t1, least recently used) and reports it must be reset.
+    """
+
+    def __init__(self, num_scopes: int) -> None:
+        self.num_scopes = int(num_scopes)
+        self._scope_of_key: dict = {}
+        self._key_of_scope: list = [None] * self.num_scopes
+        self._users = [0] * self.num_scopes
+        self._last_use = [0] * self.num_scopes
+        self._used = [False] * self.num_scopes  # written since the scope was last emptied
+        self._clock = 0
+        self._request: dict = {}
+
+    def acquire(self, rid, key) -> tuple[int, bool]:
+        """Scope for request ``rid`` with sharing key ``key``; ``(scope, must_reset)``: the scope
+        holds another key's rows and must be emptied before use."""
+        if rid in self._request:
+            return self._request[rid], False
+        self._clock += 1
+        fresh = False
+        scope = self._scope_of_key.get(key)
+        if scope is None:
+            idle = [s for s in range(self.num_scopes) if self._users[s] == 0]
+            if not idle:
+                raise RuntimeError(f"all {self.num_scopes} recycling scopes are in use")
+            scope = min(idle, key=lambda s: (self._key_of_scope[s] is not None, self._last_use[s], s))
+            old = self._key_of_scope[scope]
+            if old is not None:
+                del self._scope_of_key[old]
+            fresh = self._used[scope]
+            self._used[scope] = True
+            self._key_of_scope[scope] = key
+            self._scope_of_key[key] = scope
+        self._users[scope] += 1
+        self._last_use[scope] = self._clock
+        self._request[rid] = scope
+        return scope, fresh
+
+    def scope(self, rid) -> int:
+        return self._request[rid]
+
+    def release(self, rid, forget: bool = False) -> None:
+        """``rid`` is done; with ``forget`` its scope is emptied once unused (per-request scopes)."""
+        scope = self._request.pop(rid, None)
+        if scope is None:
+            return
+        self._users[scope] -= 1
+        if forget and self._users[scope] == 0:
+            key = self._key_of_scope[scope]
+            self._scope_of_key.pop(key, None)
+            self._key_of_scope[scope] = None
+
+    def live(self) -> int:
+        return len(self._request)

@@ -217,6 +217,16 @@ class RetrievalStore:
             return entry.automaton.match_length
         return entry.ngram.match_length if entry.ngram is not None else 0
 
+    def context(self, rid: Hashable) -> np.ndarray:
+        """The tokens ``rid``'s index holds (its last ``context_cap`` at most; empty once evicted)."""
+        entry = self._entries.get(rid)
+        if entry is None:
+            if rid in self._evicted:
+                return np.zeros(0, dtype=np.int64)
+            raise KeyError(f"unknown request {rid!r}")
+        index = entry.automaton if entry.automaton is not None else entry.ngram
+        return np.array(index.window(), dtype=np.int64)
+
     # ------------------------------------------------------------------ memory
     def stats(self) -> StoreStats:
         return StoreStats(
