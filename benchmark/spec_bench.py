@@ -87,7 +87,7 @@ def _encode(tokenizer, prompt: str) -> list[int]:
 
 def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prompts, max_new: int,
                temperature: float, log_dir: Path) -> dict[str, Cell]:
-    from sglang_graft.sglang.local_server import SGLangServer
+    from local_server import SGLangServer
 
     args = list(method.args)
     if method.needs_draft:
@@ -105,8 +105,8 @@ def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prom
             c.tokens += m["completion_tokens"]
             c.verify_steps += m.get("spec_verify_ct") or m["completion_tokens"]
             c.seconds += dt
-            c.retrieved += sum(m.get("graft_retrieved_accepted", []))
-            c.drafted += sum(m.get("graft_draft_accepted", []))
+            c.retrieved += m.get("graft_retrieved_accepted", 0)
+            c.drafted += m.get("graft_draft_accepted", 0)
             c.outputs.append(r["output_ids"])
     return cells
 

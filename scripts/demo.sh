@@ -26,8 +26,8 @@ m = r["meta_info"]
 print(r["text"])
 print("---")
 fields = dict(completion_tokens=m["completion_tokens"], spec_accept_length=round(m.get("spec_accept_length") or 1.0, 2),
-              draft_accepted=sum(m.get("graft_draft_accepted", [])),
-              retrieved_accepted=sum(m.get("graft_retrieved_accepted", [])), e2e_latency_s=round(m["e2e_latency"], 2))
+              draft_accepted=m.get("graft_draft_accepted", 0),
+              retrieved_accepted=m.get("graft_retrieved_accepted", 0), e2e_latency_s=round(m["e2e_latency"], 2))
 print(" ".join(f"{k}={v}" for k, v in fields.items()))'
 {"text": "<|im_start|>user\nWrite a Python function that returns the factorial of n.<|im_end|>\n<|im_start|>assistant\n",
  "sampling_params": {"max_new_tokens": 160, "temperature": 0}}

@@ -4,17 +4,18 @@ adapters (against the tree core's reference), and the config plumbing."""
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from sglang_graft.sglang import config as gc
-from sglang_graft.sglang import sampling
+from sglang_graft import config as gc
+from sglang_graft.sglang import algorithm, hooks, sampling
 from sglang_graft.tree import target_probs_from_logits, verify_tree_sampling
 
 
 def _validate(cfg=gc.GraftConfig(), **kw):
-    args = dict(num_draft_tokens=16, num_steps=6, topk=4, draft_model_path="head", page_size=1)
+    args = dict(num_nodes=16, num_steps=6, topk=4)
     args.update(kw)
     gc.validate(cfg, **args)
 
@@ -24,22 +25,32 @@ def test_defaults_validate_and_follow_the_published_split():
     cfg = gc.GraftConfig()
     assert cfg.resolved_checkpoints(6) == (0, 1, 5)
     assert cfg.resolved_checkpoints(3) == (0, 1, 2)
-    assert cfg.keep_per_stage(61) == (8, 24, 40)  # the paper's 60-slot example (root excluded)
-    pc = gc.prune_config(cfg, 61, 6)
+    pc = cfg.prune_config(61, 6)  # the paper's 60-slot example (root excluded)
     assert pc.keep_per_stage == (8, 24, 40) and pc.checkpoint_depths == (0, 1, 5)
+    assert pc.keep_table(61) == (8, 24, 40, 60)
+    assert cfg.prune_config(16, 6).keep_per_stage == (2, 6, 10)
+
+
+def test_chain_drafts_and_budgets_beyond_the_draft_validate():
+    _validate(topk=1, num_steps=3, num_nodes=4)
+    _validate(topk=1, num_steps=3, num_nodes=16)  # slots beyond the chain are grafted
+    _validate(topk=2, num_steps=2, num_nodes=32)
+    assert gc.resolve_draft_shape(None, 1, None, (6, 4, 16)) == (6, 1, 7)
+    assert gc.resolve_draft_shape(3, 1, 12, (6, 4, 16)) == (3, 1, 12)
 
 
 @pytest.mark.parametrize("cfg,kw,flag", [
-    (gc.GraftConfig(), dict(draft_model_path=None), "--speculative-draft-model-path"),
     (gc.GraftConfig(source="x"), {}, "--speculative-graft-source"),
     (gc.GraftConfig(placement="deepest_draft", source="sam"), {}, "--speculative-graft-placement"),
+    (gc.GraftConfig(recycle_scope="global"), {}, "--speculative-graft-recycle-scope"),
     (gc.GraftConfig(checkpoint_depths=(0, 9)), {}, "--speculative-graft-checkpoint-depths"),
     (gc.GraftConfig(checkpoint_depths=(0, 1)), {}, "--speculative-graft-checkpoint-depths"),
     (gc.GraftConfig(thresholds=(0.1, 2.0, 0.1)), {}, "--speculative-graft-thresholds"),
-    (gc.GraftConfig(), dict(num_draft_tokens=1), "--speculative-num-draft-tokens"),
-    (gc.GraftConfig(), dict(num_draft_tokens=200), "--speculative-num-draft-tokens"),
+    (gc.GraftConfig(), dict(num_nodes=1), "--speculative-num-draft-tokens"),
+    (gc.GraftConfig(source="none"), dict(num_nodes=200), "--speculative-num-draft-tokens"),
+    (gc.GraftConfig(), dict(topk=0), "--speculative-eagle-topk"),
     (gc.GraftConfig(min_retrieval_slots=15), {}, "--speculative-graft-min-retrieval-slots"),
-    (gc.GraftConfig(), dict(page_size=16), "--page-size"),
+    (gc.GraftConfig(recycle_widths=(9, 90)), {}, "--speculative-graft-recycle-widths"),
 ])
 def test_bad_config_names_the_flag(cfg, kw, flag):
     with pytest.raises(ValueError) as err:
@@ -48,14 +59,83 @@ def test_bad_config_names_the_flag(cfg, kw, flag):
     assert flag in msg and "\n" not in msg
 
 
+def _server_args(**kw):
+    base = dict(speculative_draft_model_path="head", device="cpu", page_size=1, speculative_use_rejection_sampling=False,
+                speculative_accept_threshold_single=1.0, speculative_accept_threshold_acc=1.0, pp_size=1,
+                speculative_adaptive=False, enable_multi_layer_eagle=False, enable_dp_attention=False,
+                disaggregation_mode="null", attention_backend=None, prefill_attention_backend=None,
+                decode_attention_backend=None, _raw_input={})
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+@pytest.mark.parametrize("kw,flag", [
+    (dict(speculative_draft_model_path=None), "--speculative-draft-model-path"),
+    (dict(device="xpu"), "--device"),
+    (dict(page_size=16), "--page-size"),
+    (dict(speculative_use_rejection_sampling=True), "--speculative-use-rejection-sampling"),
+    (dict(speculative_accept_threshold_single=0.5), "--speculative-accept-threshold-single"),
+    (dict(speculative_accept_threshold_acc=0.3), "--speculative-accept-threshold-acc"),
+    (dict(pp_size=2), "--pp-size"),
+    (dict(_raw_input={"speculative_adaptive": True}), "--speculative-adaptive"),
+    (dict(enable_multi_layer_eagle=True), "--enable-multi-layer-eagle"),
+    (dict(enable_dp_attention=True), "--enable-dp-attention"),
+    (dict(disaggregation_mode="decode"), "--disaggregation-mode"),
+    (dict(attention_backend="torch_native"), "--attention-backend"),
+    (dict(device="cuda", attention_backend="fa3", _raw_input={"attention_backend": "fa3"}), "--attention-backend"),
+    (dict(device="cuda", attention_backend="triton", decode_attention_backend="fa3"), "--decode-attention-backend"),
+])
+def test_launch_guards_name_the_flag(kw, flag):
+    with pytest.raises(ValueError) as err:
+        algorithm.check_server_args(_server_args(**kw))
+    msg = str(err.value)
+    assert msg.startswith(flag) or f" {flag}" in msg, msg
+    assert "\n" not in msg
+
+
+def test_launch_guards_pick_a_tree_verify_backend_when_sglang_picked_another():
+    sa = _server_args(device="cuda", attention_backend="fa3")  # e.g. SGLang's Hopper default
+    algorithm.check_server_args(sa)
+    assert sa.attention_backend == "triton"
+    for backend in ("triton", "flashinfer"):
+        sa = _server_args(device="cuda", attention_backend=backend, _raw_input={"attention_backend": backend})
+        algorithm.check_server_args(sa)
+        assert sa.attention_backend == backend
+    algorithm.check_server_args(_server_args(attention_backend="intel_amx"))
+
+
 def test_cli_flags_round_trip():
     parser = argparse.ArgumentParser()
     gc.add_cli_args(parser)
     ns = parser.parse_args(["--speculative-graft-source", "recycle", "--speculative-graft-thresholds", "1", "0.5",
-                            "0.2", "--speculative-graft-recycle-widths", "4", "4"])
+                            "0.2", "--speculative-graft-recycle-widths", "4", "4", "--speculative-graft-recycle-scope",
+                            "shared", "--speculative-graft-per-step-metrics"])
     cfg = gc.config_from_namespace(ns)
     assert cfg.source == "recycle" and cfg.thresholds == (1.0, 0.5, 0.2) and cfg.recycle_widths == (4, 4)
+    assert cfg.recycle_scope == "shared" and cfg.per_step_metrics is True
     assert gc.config_from_namespace(parser.parse_args([])) == gc.GraftConfig()
+
+
+@pytest.mark.parametrize("ids,ok", [
+    ([1, 2, 3], True), ([0, 99], True), (None, True), ([], False), ([100], False), ([5, -1], False),
+    ([2 ** 20], False), ([1, "x"], False),
+])
+def test_input_ids_checked_against_the_vocabulary(ids, ok):
+    if ok:
+        hooks.check_input_ids(ids, 100)
+    else:
+        with pytest.raises(ValueError) as err:
+            hooks.check_input_ids(ids, 100)
+        assert "\n" not in str(err.value)
+
+
+def test_per_step_counts_aggregate_per_request():
+    steps = {"graft_stage": [0, 2, 2], "graft_draft_accepted": [1, 0, 3], "graft_retrieved_accepted": [0, 4, 0],
+             "graft_verify": ["greedy"] * 3}
+    assert hooks.aggregate_steps(steps) == {"graft_draft_accepted": 4, "graft_retrieved_accepted": 4,
+                                            "graft_stage_histogram": [1, 0, 2], "graft_verify": "greedy"}
+    assert hooks.aggregate_steps({}) == {"graft_draft_accepted": 0, "graft_retrieved_accepted": 0,
+                                         "graft_stage_histogram": []}
 
 
 def test_renorm_adapters_match_the_reference():
@@ -85,12 +165,10 @@ def test_cpu_sampling_verify_writes_the_reference_result_in_place():
     predicts = torch.zeros(bs * n, dtype=torch.int32)
     accept_index = torch.full((bs, n), -1, dtype=torch.int32)
     accept_num = torch.empty(bs, dtype=torch.int32)
-    before = sampling.CALLS["tree_sampling"]
     sampling.cpu_sampling_verify(
         predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=cand,
         retrive_index=layout.retrive_index, retrive_next_token=layout.retrive_next_token,
         retrive_next_sibling=layout.retrive_next_sibling, uniform_samples=coins,
         uniform_samples_for_final_sampling=final, target_probs=probs, draft_probs=torch.zeros_like(probs))
-    assert sampling.CALLS["tree_sampling"] == before + 1
     assert torch.equal(predicts.long(), ref[0].long()) and torch.equal(accept_index.long(), ref[1].long())
     assert torch.equal(accept_num.long(), ref[2].long())

@@ -1,8 +1,11 @@
-"""Registration of ``--speculative-algorithm GRAFT`` with SGLang 0.5.23's plugin registry.
+"""Registration of ``--speculative-algorithm GRAFT`` with SGLang 0.5.23's plugin registry, its
+launch defaults and launch guards.
 
 ``GraftAlgorithm`` answers like EAGLE-3 to every predicate SGLang branches on (draft KV pool,
 aux hidden-state capture, future map, CUDA-graph dummies) and defines the methods SGLang calls
-on every algorithm but ``CustomSpecAlgo`` lacks.
+on every algorithm but ``CustomSpecAlgo`` lacks. ``handle_server_args`` refuses, with one line
+naming the flag, every setting under which GRAFT's output would not be lossless or that GRAFT
+has not been checked with.
 """
 
 from __future__ import annotations
@@ -10,20 +13,24 @@ from __future__ import annotations
 import argparse
 import logging
 
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_registry import CustomSpecAlgo
-
-from sglang_graft.sglang import config as graft_config
+from sglang_graft import config as graft_config
+from sglang_graft.sglang import seams
 
 logger = logging.getLogger(__name__)
 
 NAME = "GRAFT"
 # Defaults when the user leaves the EAGLE flags unset: depth 6 reaches the published checkpoint at
 # draft depth 5; N = 16 verify tokens suits CPUs and small batches (the paper's GPU budget is 60).
-DEFAULT_STEPS, DEFAULT_TOPK, DEFAULT_NUM_DRAFT_TOKENS = 6, 4, 16
+DEFAULT_DRAFT_SHAPE = (6, 4, 16)  # (num_steps, topk, num_nodes)
+# Target attention backends whose tree verify consumes SGLang's explicit ancestor mask, the mask
+# GRAFT builds (fa3 emulates topk > 1 trees by cascading and verifies topk = 1 causally).
+TREE_VERIFY_BACKENDS = {"cpu": ("intel_amx",), "cuda": ("triton", "flashinfer")}
+DEFAULT_CUDA_BACKEND = "triton"
 
 # The CLI's GraftConfig, parsed in the launcher before the server args are resolved.
 _cli_config: graft_config.GraftConfig | None = None
+
+CustomSpecAlgo = seams.CUSTOM_SPEC_ALGO.resolve()
 
 
 class GraftAlgorithm(CustomSpecAlgo):
@@ -52,41 +59,80 @@ class GraftAlgorithm(CustomSpecAlgo):
 
     def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens: bool = True,
                           needs_confidence_relay: bool = False):
-        from sglang.srt.managers.overlap_utils import FutureMap
-
-        return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+        return seams.FUTURE_MAP.resolve()(device, self, req_to_token_pool, needs_cpu_seq_lens,
+                                          needs_confidence_relay)
 
     def build_disagg_draft_input(self, batch, last_tokens_tensor, future_map):
-        from sglang.srt.speculative.eagle_disaggregation import build_eagle_disagg_draft_input
-
-        return build_eagle_disagg_draft_input(batch, last_tokens_tensor, future_map)
+        return seams.DISAGG_DRAFT_INPUT.resolve()(batch, last_tokens_tensor, future_map)
 
     def handle_server_args(self, sa) -> None:
-        """Defaults as SGLang sets them for EAGLE, written on the resolution recorder."""
+        """Defaults as SGLang sets them for EAGLE, written on the resolution recorder, then the
+        launch guards (:func:`check_server_args`)."""
+        seams.check_hooks_applied()
         if sa.max_running_requests is None:
             sa.max_running_requests = 48
         if sa.device == "cpu" and not sa.disable_overlap_schedule:
             sa.disable_overlap_schedule = True  # no overlap for speculative decoding on CPU
         if sa.enable_mixed_chunk:
             sa.enable_mixed_chunk = False
-        steps, topk, n = sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens
-        if steps is None:
-            sa.speculative_num_steps = steps = DEFAULT_STEPS
-        if topk is None:
-            sa.speculative_eagle_topk = topk = DEFAULT_TOPK
-        if n is None:
-            sa.speculative_num_draft_tokens = n = min(DEFAULT_NUM_DRAFT_TOKENS, topk + (steps - 1) * topk * topk + 1)
-        cfg = _cli_config or graft_config.GraftConfig()
-        graft_config.validate(cfg, num_draft_tokens=n, num_steps=steps, topk=topk,
-                              draft_model_path=sa.speculative_draft_model_path, page_size=sa.page_size or 1)
-        backend = sa.attention_backend
-        if sa.device == "cpu" and backend not in (None, "intel_amx"):
-            raise ValueError(f"GRAFT on CPU needs --attention-backend intel_amx (tree verify), got {backend}")
-        if sa.device != "cpu" and backend not in (None, "flashinfer", "triton", "fa3"):
-            raise ValueError(f"GRAFT needs a tree-verify attention backend (flashinfer, triton or fa3), got {backend}")
-        if sa.speculative_use_rejection_sampling:
-            raise ValueError("--speculative-use-rejection-sampling is chain-only; GRAFT verifies trees "
-                             "with target-only tree sampling")
+        steps, topk, n = graft_config.resolve_draft_shape(
+            sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens,
+            DEFAULT_DRAFT_SHAPE)
+        sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens = steps, topk, n
+        graft_config.validate(_cli_config or graft_config.GraftConfig(), num_nodes=n, num_steps=steps, topk=topk)
+        check_server_args(sa)
+
+
+def check_server_args(sa) -> None:
+    """Refuse settings GRAFT cannot serve losslessly or has not been checked with; pick a tree
+    verify attention backend on CUDA when SGLang picked another one. One line, naming the flag."""
+    raw = seams.server_args_attr(sa, seams.RAW_INPUT, default={})
+    if not sa.speculative_draft_model_path:
+        raise ValueError("--speculative-algorithm GRAFT needs --speculative-draft-model-path (an EAGLE-3 head)")
+    if sa.device not in TREE_VERIFY_BACKENDS:
+        raise ValueError(f"GRAFT runs on --device cuda or cpu, got --device {sa.device}")
+    if (sa.page_size or 1) != 1:
+        raise ValueError(f"GRAFT needs --page-size 1 (its irregular trees use the topk > 1 KV layout), "
+                         f"got {sa.page_size}")
+    if sa.speculative_use_rejection_sampling:
+        raise ValueError("--speculative-use-rejection-sampling is chain-only; GRAFT verifies trees "
+                         "with target-only tree sampling")
+    for flag in ("speculative_accept_threshold_single", "speculative_accept_threshold_acc"):
+        value = getattr(sa, flag)
+        if value is not None and value != 1.0:
+            raise ValueError(f"--{flag.replace('_', '-')} {value} relaxes acceptance, which is lossy; "
+                             "GRAFT is lossless and needs 1.0")
+    if sa.pp_size is not None and sa.pp_size > 1:
+        raise ValueError(f"--pp-size {sa.pp_size}: GRAFT does not support pipeline parallelism (later stages "
+                         "would rebuild SGLang's dense EAGLE tree, not GRAFT's)")
+    if raw.get("speculative_adaptive") or sa.speculative_adaptive:
+        raise ValueError("--speculative-adaptive moves the draft depth under GRAFT's confidence checkpoints; "
+                         "GRAFT does not support it")
+    if sa.enable_multi_layer_eagle:
+        raise ValueError("--enable-multi-layer-eagle is not supported by GRAFT (one EAGLE-3 draft layer)")
+    if sa.enable_dp_attention:
+        raise ValueError("--enable-dp-attention is not supported by GRAFT (its trees are built identically "
+                         "on every rank of one batch)")
+    if sa.disaggregation_mode not in (None, "null"):
+        raise ValueError(f"--disaggregation-mode {sa.disaggregation_mode} is not supported by GRAFT "
+                         "(retrieval stores are built while a request is prefilled)")
+    _check_attention_backend(sa, raw)
+
+
+def _check_attention_backend(sa, raw: dict) -> None:
+    allowed = TREE_VERIFY_BACKENDS[sa.device]
+    for flag in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+        chosen = getattr(sa, flag)
+        if chosen is None or chosen in allowed:
+            continue
+        if raw.get(flag) is None and flag == "attention_backend" and sa.device == "cuda":
+            logger.warning("GRAFT: SGLang picked --attention-backend %s, whose tree verify GRAFT has not been "
+                           "checked with; using %s (pass --attention-backend %s to choose)",
+                           chosen, DEFAULT_CUDA_BACKEND, " or ".join(allowed))
+            sa.attention_backend = DEFAULT_CUDA_BACKEND
+            continue
+        raise ValueError(f"--{flag.replace('_', '-')} {chosen}: GRAFT verifies trees with "
+                         f"{' or '.join(allowed)} on {sa.device}")
 
 
 def _factory(server_args):
@@ -97,11 +143,9 @@ def _factory(server_args):
 
 def register_algorithm() -> None:
     """Register GRAFT once per process (SGLang re-loads plugins in every subprocess)."""
-    from sglang.srt.speculative.spec_registry import get_spec
-
-    if get_spec(NAME) is not None:
+    if seams.GET_REGISTERED_SPEC.resolve()(NAME) is not None:
         return
-    SpeculativeAlgorithm.register(NAME, supports_overlap=True, spec_class=GraftAlgorithm)(_factory)
+    seams.SPECULATIVE_ALGORITHM.resolve().register(NAME, supports_overlap=True, spec_class=GraftAlgorithm)(_factory)
 
 
 # -- CLI flags ---------------------------------------------------------------------------------
@@ -121,40 +165,16 @@ def _remember_cli_config(*args, **kwargs):
 def _attach_cli_config(result, *args, **kwargs):
     """AFTER ``ServerArgs.from_cli_args``: the config rides on the record to every process."""
     if _cli_config is not None and result is not None:
-        result._graft_config = _cli_config
+        setattr(result, seams.GRAFT_CONFIG_ATTR, _cli_config)
     return result
 
 
-def _add_server_info(result, controller, state, *args, **kwargs):
-    from sglang_graft.sglang.worker import server_counters
-
-    counters = server_counters()
-    if counters is not None:
-        sched = controller.scheduler
-        # free KV slots counting evictable prefix-cache entries: back to the idle value once
-        # every request finished or was aborted
-        counters["kv_free_tokens"] = int(sched.token_to_kv_pool_allocator.available_size()) + int(
-            sched.tree_cache.evictable_size())
-        state["graft"] = counters
-    return result
-
-
-def _free_request_store(result, req, *args, **kwargs):
-    """AFTER ``release_kv_cache``: a finished, aborted or retracted request drops its store now,
-    not at the next decode step (there may be none)."""
-    from sglang_graft.sglang.worker import release_request
-
-    release_request(req.rid)
-    return result
+def cli_config() -> graft_config.GraftConfig:
+    """The GRAFT config parsed from this process's command line (defaults without one)."""
+    return _cli_config or graft_config.GraftConfig()
 
 
 def register_hooks() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_cli_args, HookType.AFTER)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _remember_cli_config, HookType.BEFORE)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _attach_cli_config, HookType.AFTER)
-    HookRegistry.register(
-        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
-        _add_server_info, HookType.AFTER)
-    HookRegistry.register("sglang.srt.mem_cache.common.release_kv_cache", _free_request_store, HookType.AFTER)
+    seams.register_hook(seams.ADD_CLI_ARGS, _add_cli_args, "AFTER")
+    seams.register_hook(seams.FROM_CLI_ARGS, _remember_cli_config, "BEFORE")
+    seams.register_hook(seams.FROM_CLI_ARGS, _attach_cli_config, "AFTER")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 
 def register() -> None:
-    """Register ``--speculative-algorithm GRAFT`` and its flags, and CPU support when on CPU."""
-    from sglang_graft.sglang import algorithm, cpu
+    """Register ``--speculative-algorithm GRAFT``, its flags and hooks, and CPU support on CPU."""
+    from sglang_graft.sglang import algorithm, cpu, hooks
 
     algorithm.register_algorithm()
     algorithm.register_hooks()
+    hooks.register()
     cpu.install_hooks()

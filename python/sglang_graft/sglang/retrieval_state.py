@@ -1,23 +1,38 @@
-"""Per-server retrieval state of the GRAFT worker: per-request stores, the recycling matrix, and
-the counters behind GRAFT's metrics. Knows SGLang's ``Req`` only through ``rid``,
-``origin_input_ids`` and ``output_ids``.
+"""Per-server retrieval state of the GRAFT worker: per-request stores, the recycling matrix with its
+scopes, and the counters behind GRAFT's metrics.
+
+Knows requests only as ``rid`` plus token lists handed in by the worker; imports nothing from
+SGLang. Every committed token reaches a request's store from the worker's own results, never
+from the scheduler's ``output_ids`` (which lag one step under the overlap scheduler):
+
+* :meth:`GraftRetrieval.admit` indexes the request's tokens while it is prefilled, chunk by
+  chunk (a long prompt is indexed inside its own prefill chunks, not at a decode step);
+* :meth:`add_roots` appends the prefill's sampled token (the first root) at the first decode step;
+* :meth:`commit` appends every verify step's accepted tokens and bonus token.
 
 Determinism under tensor parallelism: every rank runs this with the same inputs (the scheduler
 broadcasts requests; accepted tokens come from the same verify result; the recycling matrix is
-updated from logits that vocab-parallel lm_head gathers identically on every rank), and the
-stores contain no randomness, so every rank builds the identical tree without a broadcast.
+updated from logits that vocab-parallel lm_head gathers identically on every rank), scopes are
+assigned in admission order, and the stores contain no randomness, so every rank builds the
+identical tree without a broadcast.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Hashable, Optional, Sequence
 
 import torch
 
-from sglang_graft.retrieval import RecyclingMatrix, RetrievalStore, stack_trees
-from sglang_graft.sglang.config import GraftConfig
+from sglang_graft.config import GraftConfig
+from sglang_graft.retrieval import RecyclingMatrix, RetrievalStore, ScopeTable, stack_trees
 from sglang_graft.tree import RetrievalProposals
+
+WARMUP_RID = "__graft_warmup__"
+
+
+class NotAdmittedError(RuntimeError):
+    """A request reached a decode step without having been admitted while it was prefilled."""
 
 
 @dataclass
@@ -46,82 +61,137 @@ class GraftCounters:
 
 
 class GraftRetrieval:
-    """Chooses a retrieval source per request and proposes one padded tree batch per step."""
+    """Chooses a retrieval source per request and proposes one padded tree batch per step.
+
+    Args:
+        cfg: the algorithm config.
+        vocab_size: target vocabulary (rows of the recycling matrix).
+        num_nodes: verify budget ``N`` (root included).
+        num_stages: pruning stages (checkpoints + 1), for the stage histogram.
+        device: the model's device.
+        max_requests: most requests alive at once (sizes the recycling scopes).
+    """
 
     def __init__(self, cfg: GraftConfig, vocab_size: int, num_nodes: int, num_stages: int,
-                 device: torch.device | str):
+                 device: torch.device | str, max_requests: int = 48):
         self.cfg = cfg
         self.num_nodes = num_nodes
         self.device = device
         self.store = RetrievalStore(
             "suffix_automaton", memory_cap_bytes=cfg.store_memory_mb << 20, context_cap=cfg.context_cap,
             min_match_len=cfg.sam_min_match, ngram_min_n=1, ngram_max_n=3,
-        ) if cfg.source in ("sam", "auto") else None
-        self.matrix = RecyclingMatrix(vocab_size, k=cfg.recycle_k, widths=cfg.recycle_widths, device=device) \
-            if cfg.source in ("recycle", "auto") else None
+        ) if cfg.uses_store else None
+        self.matrix = self.scopes = None
+        if cfg.uses_matrix:
+            num_scopes = 1 if cfg.recycle_scope == "shared" else max_requests + 1
+            self.matrix = RecyclingMatrix(vocab_size, k=cfg.recycle_k, widths=cfg.recycle_widths, device=device,
+                                          num_scopes=num_scopes)
+            self.scopes = ScopeTable(num_scopes)
         self.width = num_nodes - 1  # retrieval can never place more nodes than that
         if self.matrix is not None:
             self.width = max(self.width, len(self.matrix.template().parents))
         self.counters = GraftCounters(stage_histogram=[0] * (num_stages + 1))
-        self._live: set = set()
+        self._indexed: dict[Hashable, int] = {}  # admitted requests -> tokens of theirs indexed
+        self._root_pending: set[Hashable] = set()
         self._warm_up()
 
     def _warm_up(self) -> None:
         """Compile the store's numba kernels now rather than inside the first request."""
         if self.store is None:
             return
-        self.store.create("__graft_warmup__", [1, 2, 3, 1, 2])
-        self.store.extend("__graft_warmup__", [3])
-        self.store.propose(["__graft_warmup__"], self.cfg.retrieval_max_depth, self.num_nodes - 1)
-        self.store.free("__graft_warmup__")
+        self.store.create(WARMUP_RID, [1, 2, 3, 1, 2])
+        self.store.extend(WARMUP_RID, [3])
+        self.store.propose([WARMUP_RID], self.cfg.retrieval_max_depth, self.num_nodes - 1)
+        self.store.free(WARMUP_RID)
 
     # -- request lifecycle ---------------------------------------------------------------------
-    def sync_batch(self, reqs: Sequence) -> None:
-        """Create stores for new requests; free those that left the decode batch (finished,
-        aborted or retracted; a retracted request is re-indexed from its tokens on return)."""
-        if self.store is None:
-            return
-        rids = {r.rid for r in reqs}
-        for rid in self._live - rids:
-            self.store.free(rid)
-        for r in reqs:
-            if r.rid not in self._live:
-                if r.rid in self.store or self.store.is_evicted(r.rid):
-                    self.store.free(r.rid)
-                self.store.create(r.rid, list(r.origin_input_ids) + list(r.output_ids))
-        self._live = rids
+    def scope_key(self, rid: Hashable, tenant: Optional[str]) -> Hashable:
+        """Who shares ``rid``'s recycling matrix (see ``--speculative-graft-recycle-scope``)."""
+        if self.cfg.recycle_scope == "shared":
+            return "shared"
+        if self.cfg.recycle_scope == "tenant" and tenant:
+            return ("tenant", tenant)
+        return ("request", rid)
 
-    def release(self, rid) -> None:
-        """Forget ``rid`` (finished, aborted or retracted)."""
-        self._live.discard(rid)
+    def admit(self, rid: Hashable, tokens: Sequence[int], tenant: Optional[str] = None) -> None:
+        """Index ``tokens``: the request's whole sequence up to the end of the chunk being
+        prefilled (prompt, plus the output so far for a retracted request coming back).
+
+        The first call creates the request's store; later calls (chunked prefill) index only the
+        tokens not seen yet. The token the prefill samples is added by :meth:`add_roots`.
+        """
+        if self.store is not None:
+            seen = self._indexed.get(rid)
+            if seen is None:
+                if rid in self.store:  # a stale entry (released before re-admission)
+                    self.store.free(rid)
+                self.store.create(rid, tokens)
+            elif len(tokens) > seen:
+                self.store.extend(rid, tokens[seen:])
+            self._root_pending.add(rid)
+        self._indexed[rid] = len(tokens)
+        if self.scopes is not None:
+            scope, must_reset = self.scopes.acquire(rid, self.scope_key(rid, tenant))
+            if must_reset:
+                self.matrix.reset(scope)
+
+    def check_admitted(self, rids: Sequence[Hashable]) -> None:
+        missing = [rid for rid in rids if rid not in self._indexed]
+        if missing:
+            raise NotAdmittedError(f"{len(missing)} request(s) reached decode without prefill admission "
+                                   f"(first: {missing[0]!r})")
+
+    def rows_needing_root(self, rids: Sequence[Hashable]) -> list[int]:
+        """Batch rows whose store still lacks the token the prefill sampled."""
+        return [i for i, rid in enumerate(rids) if rid in self._root_pending]
+
+    def add_roots(self, rids: Sequence[Hashable], roots: Sequence[int]) -> None:
+        """Append each request's first root (the prefill's sampled token) to its store."""
+        for rid, root in zip(rids, roots):
+            if rid in self._root_pending:
+                self.store.extend(rid, [root])
+                self._root_pending.discard(rid)
+
+    def release(self, rid: Hashable) -> None:
+        """Forget ``rid`` (finished, aborted or retracted; a retracted request is admitted anew)."""
+        self._indexed.pop(rid, None)
+        self._root_pending.discard(rid)
         if self.store is not None and rid in self.store:
             self.store.free(rid)
+        if self.scopes is not None:
+            self.scopes.release(rid, forget=self.cfg.recycle_scope == "request")
 
     def store_usage(self) -> dict:
-        """Live per-request stores and their bytes."""
-        if self.store is None:
-            return {"live_stores": 0, "store_bytes": 0}
-        st = self.store.stats()
-        return {"live_stores": int(st.requests), "store_bytes": int(st.bytes)}
-
-    def free_all(self) -> None:
+        """Live per-request stores and their bytes, admitted requests."""
+        usage = {"live_stores": 0, "store_bytes": 0, "admitted_requests": len(self._indexed)}
         if self.store is not None:
-            for rid in list(self._live):
-                self.store.free(rid)
-        self._live = set()
+            st = self.store.stats()
+            usage.update(live_stores=int(st.requests), store_bytes=int(st.bytes))
+        return usage
+
+    def context(self, rid: Hashable):
+        """The tokens ``rid``'s store holds (for inspection)."""
+        return self.store.context(rid)
 
     # -- proposals -------------------------------------------------------------------------------
-    def propose(self, reqs: Sequence, anchor_tokens: torch.Tensor) -> RetrievalProposals:
+    def scope_index(self, rids: Sequence[Hashable]) -> Optional[torch.Tensor]:
+        """``[bs] int64`` recycling scope of each request, on the device."""
+        if self.scopes is None:
+            return None
+        return torch.tensor([self.scopes.scope(rid) for rid in rids], dtype=torch.int64, device=self.device)
+
+    def propose(self, rids: Sequence[Hashable], anchor_tokens: torch.Tensor,
+                scopes: Optional[torch.Tensor] = None) -> RetrievalProposals:
         """Padded proposals ``[bs, R]`` hanging under each request's anchor token."""
-        bs = len(reqs)
+        bs = len(rids)
         if self.cfg.source == "none":
             return RetrievalProposals.empty(bs, self.device)
         parts = []
         if self.store is not None:
-            trees = self.store.propose([r.rid for r in reqs], self.cfg.retrieval_max_depth, self.num_nodes - 1)
+            trees = self.store.propose(rids, self.cfg.retrieval_max_depth, self.num_nodes - 1)
             parts.append(stack_trees(trees, self.width, device=self.device))
         if self.matrix is not None:
-            tok, par, sc, va = self.matrix.propose_padded(anchor_tokens.to(torch.int64))
+            tok, par, sc, va = self.matrix.propose_padded(anchor_tokens.to(torch.int64), scopes=scopes)
             pad = self.width - tok.shape[1]
             if pad:
                 tok = torch.nn.functional.pad(tok, (0, pad))
@@ -132,25 +202,33 @@ class GraftRetrieval:
         if len(parts) == 1:
             tok, par, sc, va = parts[0]
         else:  # auto: the store where its match is long enough, else the recycling matrix
-            use_sam = torch.tensor([self.store.match_length(r.rid) >= self.cfg.auto_match_threshold for r in reqs],
+            use_sam = torch.tensor([self.store.match_length(rid) >= self.cfg.auto_match_threshold for rid in rids],
                                    device=self.device)[:, None]
             tok, par, sc, va = (torch.where(use_sam, a, b) for a, b in zip(parts[0], parts[1]))
         return RetrievalProposals(tokens=tok, parents=par, scores=sc, valid=va)
 
     # -- after verify ----------------------------------------------------------------------------
-    def commit(self, reqs: Sequence, accepted: list[list[int]]) -> None:
+    def commit(self, rids: Sequence[Hashable], accepted: list[list[int]]) -> None:
         """Feed each request's newly committed tokens (accepted drafts + bonus) to its store."""
         if self.store is None:
             return
-        for r, toks in zip(reqs, accepted):
-            if r.rid in self.store:
-                self.store.extend(r.rid, toks)
+        for rid, toks in zip(rids, accepted):
+            if rid in self.store:
+                self.store.extend(rid, toks)
 
-    def learn(self, node_tokens: torch.Tensor, node_valid: torch.Tensor, logits: torch.Tensor) -> None:
+    def learn(self, node_tokens: torch.Tensor, node_valid: torch.Tensor, logits: torch.Tensor,
+              scopes: Optional[torch.Tensor] = None) -> None:
         """Refresh the recycling matrix with the target's top-k successors of every verified node
-        (accepted and rejected): ``M[token(node)] = topk(logits(node))``."""
+        (accepted and rejected): ``M[scope][token(node)] = topk(logits(node))``.
+
+        Fixed shapes: ``node_tokens`` / ``node_valid`` ``[bs, N]``, ``logits`` ``[bs * N, V']``
+        (``V' >= vocab``); rows of padding nodes are written to the matrix's dump row.
+        """
         if self.matrix is None:
             return
-        keep = node_valid.reshape(-1)
-        topk = torch.topk(logits[keep], self.matrix.k, dim=-1).indices
-        self.matrix.update(node_tokens.reshape(-1)[keep].to(torch.int64), topk)
+        bs, n = node_tokens.shape
+        vocab = self.matrix.vocab_size
+        topk = torch.topk(logits[:, :vocab], self.matrix.k, dim=-1).indices
+        node_scopes = None if scopes is None else scopes.repeat_interleave(n)
+        self.matrix.update(node_tokens.reshape(-1).to(torch.int64), topk, scopes=node_scopes,
+                           valid=node_valid.reshape(-1))

@@ -12,10 +12,6 @@ import torch
 
 from sglang_graft.tree import target_probs_from_logits, verify_tree_sampling
 
-# Counts calls, so tests and metrics can tell the sampling verifier ran (not the greedy one).
-CALLS = {"tree_sampling": 0}
-
-
 def _renorm(probs: torch.Tensor, top_k=None, top_p=None) -> torch.Tensor:
     rows = probs.shape[0]
     ones = torch.ones(rows, device=probs.device)
@@ -38,7 +34,6 @@ def cpu_sampling_verify(*, predicts, accept_index, accept_token_num, candidates,
                         uniform_samples_for_final_sampling, target_probs, draft_probs=None,
                         threshold_single=1.0, threshold_acc=1.0, deterministic=True) -> None:
     """``tree_speculative_sampling_target_only`` with SGLang's keyword signature, in place."""
-    CALLS["tree_sampling"] += 1
     verify_tree_sampling(
         candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_probs,
         uniform_samples, uniform_samples_for_final_sampling,

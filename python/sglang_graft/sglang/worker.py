@@ -1,19 +1,21 @@
 """``GraftWorkerV2``: SGLang's EAGLE V2 worker with GRAFT's tree in place of the dense top-N tree.
 
-Per decode step (``EAGLEWorkerV2.forward_batch_generation`` drives it, unchanged):
+SGLang's ``EAGLEWorkerV2.forward_batch_generation`` drives every step, unchanged. GRAFT's decode
+step, per batch:
 
-1. draft: SGLang's own ``draft_forward`` (EAGLE-3 head, ``num_steps`` x ``topk``); the full
-   candidate pool (scores, tokens, parents) is read where SGLang's ``organize_draft_results``
-   receives it;
-2. prune the pool at the confidence checkpoints, graft the request's retrieved tree into the
-   freed slots, flatten to SGLang's verify layout (``sglang_graft.tree``);
-3. verify through SGLang's ``run_eagle_verify`` / ``eagle_sample`` with the ``topk > 1`` commit
-   path (accepted-path compaction), ``max_tree_depth = N`` and ``tree_topk = -1``;
-4. feed the committed tokens to the request's store and the verify logits to the recycling
-   matrix; then SGLang's draft extend.
+1. **draft** (:meth:`GraftDraftWorker.draft`): SGLang's own EAGLE-3 draft loop; the whole
+   candidate pool is read where ``organize_draft_results`` would select from it (a chain draft,
+   ``topk = 1``, with the draft's real probabilities: SGLang reports 1.0 there);
+2. **build the tree** (:meth:`GraftDraftWorker._build_verify_input`): the tree core's
+   ``build_graft_tree`` (prune -> retrieve -> graft -> flatten), the same call the tests make;
+3. **verify** (:meth:`GraftWorkerV2.verify`): SGLang's ``run_eagle_verify`` with the generic tree
+   commit (accepted-path compaction), ``max_tree_depth = N``, ``tree_topk = -1``;
+4. **feed retrieval** (:meth:`GraftWorkerV2._feed`): committed tokens to the request's store,
+   verify logits of every real node to the recycling matrix, counts to the metrics;
 
-The draft worker and the two SGLang helpers above are swapped in by name for the duration of a
-call (``_swapped``) rather than by copying SGLang code.
+then SGLang's draft extend. At prefill, :meth:`GraftWorkerV2._forward_prefill_batch` admits the
+requests to retrieval (their tokens are indexed chunk by chunk). Every SGLang internal used here
+comes from :mod:`sglang_graft.sglang.seams`.
 """
 
 from __future__ import annotations
@@ -21,44 +23,29 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import torch
 
-from sglang.srt.speculative import eagle_utils
-from sglang.srt.speculative import eagle_worker_v2 as _ewv2
-from sglang.srt.speculative.eagle_info import EagleVerifyInput
-from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
-from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
-from sglang.srt.utils import is_cpu
-
-from sglang_graft.sglang.config import GraftConfig, prune_config
+from sglang_graft.config import GraftConfig
+from sglang_graft.sglang import sampling, seams
 from sglang_graft.sglang.metrics import maybe_prometheus
-from sglang_graft.sglang.retrieval_state import GraftRetrieval
-from sglang_graft.sglang import sampling
-from sglang_graft.sglang.sampling import cpu_sampling_verify
+from sglang_graft.sglang.retrieval_state import GraftRetrieval, NotAdmittedError
 from sglang_graft.tree import (
     TreeMaskMode,
+    build_graft_tree,
+    chain_pool,
     draft_pool_from_sglang,
     encode_tree_mask,
-    flatten,
-    graft,
-    graft_anchor,
-    prune_by_confidence,
 )
 
 logger = logging.getLogger(__name__)
 
-
-@contextlib.contextmanager
-def _swapped(module: Any, name: str, value: Any) -> Iterator[None]:
-    """Rebind ``module.name`` for the duration of the block (single-threaded scheduler)."""
-    original = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
+EAGLEWorkerV2 = seams.EAGLE_WORKER.resolve()
+EagleDraftWorker = seams.EAGLE_DRAFT_WORKER.resolve()
+EagleVerifyInput = seams.EAGLE_VERIFY_INPUT.resolve()
+run_eagle_verify = seams.RUN_EAGLE_VERIFY.resolve()
+is_cpu = seams.IS_CPU.resolve()
 
 
 @dataclass
@@ -68,6 +55,7 @@ class GraftStepInfo:
     stage: torch.Tensor  # [bs] pruning stage
     retrieval_only: torch.Tensor  # [bs, N] node proposed by retrieval and not by the draft
     verified_nodes: torch.Tensor  # [bs, N] root and linked nodes (padding excluded)
+    scopes: Optional[torch.Tensor]  # [bs] recycling-matrix scope of each request
 
 
 @dataclass
@@ -85,16 +73,31 @@ class GraftVerifyInput(EagleVerifyInput):
         return -1
 
 
-class _DraftPoolRecorder:
-    """Wraps ``organize_draft_results`` to keep the whole candidate pool it is given."""
+def _max_prob(logits: torch.Tensor) -> torch.Tensor:
+    """``[rows]`` probability of each row's argmax token (what a chain draft picks)."""
+    return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
 
-    def __init__(self, organize: Callable):
-        self._organize = organize
+
+class _DraftRecorder:
+    """What SGLang's draft loop computed and then hides: the per-step candidate lists (in place of
+    ``organize_draft_results``, whose top-N selection GRAFT does not use) and, for a chain draft,
+    the draft's probability of each step (from the draft model's logits)."""
+
+    def __init__(self) -> None:
         self.lists: Optional[tuple] = None
+        self.step_probs: list[torch.Tensor] = []
 
-    def __call__(self, score_list, token_list, parents_list, num_draft_token):
+    def organize(self, score_list, token_list, parents_list, num_draft_token):
         self.lists = (score_list, token_list, parents_list)
-        return self._organize(score_list, token_list, parents_list, num_draft_token)
+        return None, None, torch.cat(token_list, dim=1)
+
+    def record_forward(self, forward: Callable) -> Callable:
+        def recorded(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            self.step_probs.append(_max_prob(out.logits_output.next_token_logits))
+            return out
+
+        return recorded
 
 
 class GraftDraftWorker(EagleDraftWorker):
@@ -110,49 +113,97 @@ class GraftDraftWorker(EagleDraftWorker):
             logger.info("GRAFT runs the draft loop eagerly (draft decode CUDA graph released)")
             self.cuda_graph_runner = None
 
+    def _rebuild_topk1_chain_buffers(self) -> None:
+        """SGLang's chain fast path pins ``N = num_steps + 1``; GRAFT reads only the chain's tokens
+        from it and grafts retrieval into any slots beyond the chain, so any ``N`` is fine."""
+        num_nodes = self.speculative_num_draft_tokens
+        self.speculative_num_draft_tokens = self.speculative_num_steps + 1
+        try:
+            super()._rebuild_topk1_chain_buffers()
+        finally:
+            self.speculative_num_draft_tokens = num_nodes
+
     def draft(self, batch, *, with_topology: bool = False):
-        recorder = _DraftPoolRecorder(_ewv2.organize_draft_results)
+        recorder = _DraftRecorder()
+        idle = batch.forward_mode.is_idle()
 
         def build_verify_input(*args, **kwargs):
-            return self._build_graft_verify_input(recorder, *args, **kwargs)
+            return self._build_verify_input(recorder, *args, **kwargs)
 
-        with _swapped(_ewv2, "organize_draft_results", recorder), \
-                _swapped(_ewv2, "build_eagle_verify_input", build_verify_input):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(seams.swapped(seams.ORGANIZE_DRAFT_RESULTS, recorder.organize))
+            stack.enter_context(seams.swapped(seams.BUILD_VERIFY_INPUT, build_verify_input, required=True))
+            if self.topk == 1 and not idle:
+                stack.enter_context(seams.wrapped_attribute(
+                    self.draft_runner, "forward", recorder.record_forward,
+                    f"{seams.EAGLE_DRAFT_WORKER.target}.{seams.DRAFT_RUNNER_FORWARD}"))
             return super().draft(batch, with_topology=with_topology)
 
-    def _build_graft_verify_input(self, recorder, batch, draft_input, parent_list, top_scores_index,
-                                  draft_tokens, draft_probs, *, target_worker, topk, num_steps,
-                                  num_draft_tokens, tree_mask_mode, device):
-        n = num_draft_tokens
+    def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
+        """SGLang's draft extend; a chain draft's first-level probability then replaces the 1.0
+        SGLang reports (GRAFT's first checkpoint reads it)."""
+        if self.topk != 1:
+            return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
+        outputs = []
+
+        def record(call: Callable, logits_of: Callable) -> Callable:
+            def recorded(*args, **kw):
+                out = call(*args, **kw)
+                outputs.append(logits_of(out))
+                return out
+
+            return recorded
+
+        where = f"{seams.EAGLE_DRAFT_WORKER.target}._draft_extend_for_decode"
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(seams.wrapped_attribute(
+                self.draft_runner, "forward", lambda f: record(f, lambda o: o.logits_output), where))
+            graph = self.cuda_graph_runner_for_draft_extend
+            if graph is not None:
+                stack.enter_context(seams.wrapped_attribute(graph, "execute", lambda f: record(f, lambda o: o), where))
+            result = super()._draft_extend_for_decode(batch, batch_result, **kwargs)
         if batch.forward_mode.is_idle():
-            return GraftVerifyInput.create_idle_input(topk, num_steps, n, device)
-        if recorder.lists is None:
-            raise RuntimeError("GRAFT: the draft loop did not expose its candidate pool")
-        bs = batch.seq_lens.shape[0]
-        pool = draft_pool_from_sglang(*recorder.lists, topk=topk, num_steps=num_steps)
+            return result
+        nxt = batch_result.next_draft_input
+        # SGLang selects each request's row in place on the logits output it got back.
+        logits = outputs[-1].next_token_logits if outputs else None
+        if logits is None or logits.shape[0] != nxt.topk_index.shape[0]:
+            raise seams.Seam(where, "read the chain draft's first-level probability").error(
+                "the draft model's selected logits were not where SGLang 0.5.23 leaves them")
+        nxt.topk_p = _max_prob(logits).unsqueeze(1)
+        return result
+
+    def _draft_pool(self, recorder: _DraftRecorder, draft_input, draft_tokens, topk: int, num_steps: int):
+        if topk > 1:
+            if recorder.lists is None:
+                raise seams.ORGANIZE_DRAFT_RESULTS.error("was not called; the draft's candidate pool is unreadable")
+            return draft_pool_from_sglang(*recorder.lists, topk=topk, num_steps=num_steps)
+        if len(recorder.step_probs) != num_steps - 1:
+            raise seams.Seam(f"{seams.EAGLE_DRAFT_WORKER.target}.{seams.DRAFT_RUNNER_FORWARD}",
+                             "read the chain draft's probabilities").error(
+                f"called {len(recorder.step_probs)} times for {num_steps} draft steps")
+        probs = torch.stack([draft_input.topk_p[:, 0].float(), *recorder.step_probs], dim=1)
+        return chain_pool(draft_tokens, probs)
+
+    def _build_verify_input(self, recorder, batch, draft_input, parent_list, top_scores_index,
+                            draft_tokens, draft_probs, *, target_worker, topk, num_steps,
+                            num_draft_tokens, tree_mask_mode, device):
+        num_nodes = num_draft_tokens
+        if batch.forward_mode.is_idle():
+            return GraftVerifyInput.create_idle_input(topk, num_steps, num_nodes, device)
+        pool = self._draft_pool(recorder, draft_input, draft_tokens, topk, num_steps)
+        rids = [r.rid for r in batch.reqs]
         root = draft_input.bonus_tokens.to(torch.int64)
-        pruned = prune_by_confidence(pool, prune_config(self.graft_cfg, n, num_steps), n)
-        _, anchor_tokens = graft_anchor(pool, pruned, root, self.graft_cfg.placement)
-        self.retrieval.sync_batch(batch.reqs)
-        proposals = self.retrieval.propose(batch.reqs, anchor_tokens)
-        tree = graft(pool, pruned, root, proposals, n, self.graft_cfg.placement)
-        layout = flatten(tree.tokens, tree.parents, batch.seq_lens, linked=tree.linked)
-
-        backend = target_worker.model_runner.attn_backend
-        verify_mask = getattr(backend, "verify_mask", None)
-        mode = TreeMaskMode(int(verify_mask.mode if verify_mask is not None else tree_mask_mode))
-        seq_lens_sum = batch.seq_lens_sum
-        if seq_lens_sum is None and mode == TreeMaskMode.FULL_MASK:
-            seq_lens_sum = int(batch.seq_lens.sum())
-        mask = encode_tree_mask(layout.ancestor_mask, mode, batch.seq_lens, seq_lens_sum)
-        if verify_mask is not None and verify_mask.fits(bs):
-            verify_mask.buffer.view(-1)[: mask.numel()].copy_(mask.view(-1))
-            mask = verify_mask.buffer
-
-        idx = torch.arange(n, device=root.device)
+        self._prepare_retrieval(rids, root)
+        scopes = self.retrieval.scope_index(rids)
+        step = build_graft_tree(
+            pool, root, lambda anchors: self.retrieval.propose(rids, anchors, scopes), batch.seq_lens, num_nodes,
+            self.graft_cfg.prune_config(num_nodes, num_steps), self.graft_cfg.placement)
+        layout, tree = step.layout, step.tree
+        idx = torch.arange(num_nodes, device=root.device)
         return GraftVerifyInput(
             draft_token=layout.draft_token,
-            custom_mask=mask,
+            custom_mask=self._verify_mask(layout.ancestor_mask, batch, target_worker, tree_mask_mode),
             positions=layout.positions,
             retrieve_index=layout.retrive_index,
             retrieve_next_token=layout.retrive_next_token,
@@ -160,30 +211,61 @@ class GraftDraftWorker(EagleDraftWorker):
             retrieve_cum_len=None,
             spec_steps=num_steps,
             topk=topk,
-            draft_token_num=n,
+            draft_token_num=num_nodes,
             capture_hidden_mode=None,
             seq_lens_sum=None,
             seq_lens_cpu=None,
             draft_probs=None,
             graft_info=GraftStepInfo(
-                stage=pruned.stage,
+                stage=step.pruned.stage,
                 retrieval_only=tree.from_retrieval & ~tree.from_draft,
                 verified_nodes=tree.linked | (idx == 0),
+                scopes=scopes,
             ),
         )
+
+    def _prepare_retrieval(self, rids: list, root: torch.Tensor) -> None:
+        """Every request was admitted at prefill; a request's first decode step adds the token its
+        prefill sampled (the root) to its store (one host read, only on steps where requests join)."""
+        try:
+            self.retrieval.check_admitted(rids)
+        except NotAdmittedError as e:
+            raise seams.PREFILL_BATCH.error(str(e)) from None
+        rows = self.retrieval.rows_needing_root(rids)
+        if rows:
+            roots = root[torch.tensor(rows, device=root.device)].tolist()
+            self.retrieval.add_roots([rids[i] for i in rows], roots)
+
+    @staticmethod
+    def _verify_mask(ancestor_mask, batch, target_worker, tree_mask_mode) -> torch.Tensor:
+        """The tree mask in the target attention backend's encoding (in its buffer when it owns one)."""
+        backend = target_worker.model_runner.attn_backend
+        verify_mask = getattr(backend, "verify_mask", None)
+        mode = TreeMaskMode(int(verify_mask.mode if verify_mask is not None else tree_mask_mode))
+        seq_lens_sum = batch.seq_lens_sum
+        if seq_lens_sum is None and mode == TreeMaskMode.FULL_MASK:
+            seq_lens_sum = int(batch.seq_lens.sum())
+        mask = encode_tree_mask(ancestor_mask, mode, batch.seq_lens, seq_lens_sum)
+        if verify_mask is not None and verify_mask.fits(batch.seq_lens.shape[0]):
+            verify_mask.buffer.view(-1)[: mask.numel()].copy_(mask.view(-1))
+            mask = verify_mask.buffer
+        return mask
 
 
 class GraftWorkerV2(EAGLEWorkerV2):
     """``--speculative-algorithm GRAFT``: an EAGLE-3 V2 worker with GRAFT's draft tree."""
 
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
-        with _swapped(_ewv2, "EagleDraftWorker", GraftDraftWorker):
+        seams.check_hooks_applied()
+        with seams.swapped(seams.DRAFT_WORKER_CLASS, GraftDraftWorker):
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
-        self.graft_cfg: GraftConfig = getattr(server_args, "_graft_config", None) or GraftConfig()
+        if self._draft_worker is not None and not isinstance(self._draft_worker, GraftDraftWorker):
+            raise seams.DRAFT_WORKER_CLASS.error("EAGLEWorkerV2 did not create GRAFT's draft worker")
+        self.graft_cfg: GraftConfig = getattr(server_args, seams.GRAFT_CONFIG_ATTR, None) or GraftConfig()
         vocab = target_worker.model_runner.model_config.vocab_size
         num_stages = len(self.graft_cfg.resolved_checkpoints(self.speculative_num_steps))
-        self.retrieval = GraftRetrieval(self.graft_cfg, vocab, self.speculative_num_draft_tokens,
-                                        num_stages, self.device)
+        self.retrieval = GraftRetrieval(self.graft_cfg, vocab, self.speculative_num_draft_tokens, num_stages,
+                                        self.device, max_requests=(server_args.max_running_requests or 48) + 1)
         if self._draft_worker is not None:
             self._draft_worker.graft_cfg = self.graft_cfg
             self._draft_worker.retrieval = self.retrieval
@@ -192,18 +274,25 @@ class GraftWorkerV2(EAGLEWorkerV2):
         logger.info("GRAFT worker: N=%d steps=%d topk=%d %s", self.speculative_num_draft_tokens,
                     self.speculative_num_steps, self.topk, self.graft_cfg)
 
+    def _forward_prefill_batch(self, batch, *args, **kwargs):
+        if not batch.forward_mode.is_idle():
+            for req in batch.reqs:
+                self.retrieval.admit(req.rid, seams.request_tokens(req), seams.request_tenant(req))
+        return super()._forward_prefill_batch(batch, *args, **kwargs)
+
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         verify_input = batch.spec_info
-        sampling_on_cpu = (is_cpu() and not batch.forward_mode.is_idle()
-                           and not batch.sampling_info.is_all_greedy)
+        idle = batch.forward_mode.is_idle()
+        if not idle and not isinstance(verify_input, GraftVerifyInput):
+            raise seams.BUILD_VERIFY_INPUT.error(f"verify got {type(verify_input).__name__}, not GRAFT's tree")
+        sampling_on_cpu = is_cpu() and not idle and not batch.sampling_info.is_all_greedy
         with contextlib.ExitStack() as stack:
             if sampling_on_cpu:
                 # SGLang verifies greedily on CPU whatever the request asks; GRAFT does not.
-                stack.enter_context(_swapped(eagle_utils, "_is_cpu", False))
-                for name, fn in (("tree_speculative_sampling_target_only", cpu_sampling_verify),
-                                 ("top_k_renorm_prob", sampling.top_k_renorm_prob),
-                                 ("top_p_renorm_prob", sampling.top_p_renorm_prob)):
-                    stack.enter_context(_swapped(eagle_utils, name, fn))
+                stack.enter_context(seams.swapped(seams.VERIFY_IS_CPU, False))
+                stack.enter_context(seams.swapped(seams.TREE_SAMPLING, sampling.cpu_sampling_verify, required=True))
+                stack.enter_context(seams.swapped(seams.TOP_K_RENORM, sampling.top_k_renorm_prob))
+                stack.enter_context(seams.swapped(seams.TOP_P_RENORM, sampling.top_p_renorm_prob))
             result = run_eagle_verify(
                 batch,
                 pp_proxy_tensors=pp_proxy_tensors,
@@ -219,33 +308,33 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 finalize_tree_path=True,
                 grammar_barrier=grammar_barrier,
             )
-        if not batch.forward_mode.is_idle() and isinstance(verify_input, GraftVerifyInput):
-            mode = "greedy" if batch.sampling_info.is_all_greedy else "sampling"
-            self._after_verify(batch, verify_input, result, mode)
+        if not idle:
+            self._feed(batch, verify_input, result, "greedy" if batch.sampling_info.is_all_greedy else "sampling")
         return result
 
-    def _after_verify(self, batch, vi: GraftVerifyInput, result, verify_mode: str) -> None:
+    def _feed(self, batch, vi: GraftVerifyInput, result, verify_mode: str) -> None:
+        """Committed tokens -> stores, verify logits -> recycling matrix, counts -> metrics."""
         n = self.speculative_num_draft_tokens
-        bs = len(batch.reqs)
+        rids = [r.rid for r in batch.reqs]
+        bs = len(rids)
         info = vi.graft_info
         accept_lens = result.accept_lens.to(torch.int64)
-        rows = torch.arange(bs, device=accept_lens.device)
-        # committed tokens: the compacted front of each N-block (what the scheduler reads)
-        tokens = result.next_token_ids.view(bs, n)
-        # one device-to-host copy for the batch, not one per request
-        accepted = [row[:k] for row, k in zip(tokens.tolist(), accept_lens.tolist())]
-        self.retrieval.commit(batch.reqs, accepted)
-        self.retrieval.learn(vi.draft_token.view(bs, n), info.verified_nodes,
-                             result.logits_output.next_token_logits)
         # provenance of accepted draft nodes (accept_index column 0 is the root)
         acc = result.accept_index.to(torch.int64)[:, 1:]
         valid = acc >= 0
-        local = torch.where(valid, acc - rows[:, None] * n, 0)
-        from_retrieval = info.retrieval_only.gather(1, local) & valid
-        retrieved = from_retrieval.sum(1)
+        local = torch.where(valid, acc - torch.arange(bs, device=acc.device)[:, None] * n, 0)
+        retrieved = (info.retrieval_only.gather(1, local) & valid).sum(1)
         drafted = valid.sum(1) - retrieved
-        stage = info.stage.tolist()
-        retrieved_list, drafted_list = retrieved.tolist(), drafted.tolist()
+        # committed tokens: the compacted front of each N-block (what the scheduler reads); one
+        # device-to-host copy for the batch
+        host = torch.cat([result.next_token_ids.view(bs, n).to(torch.int64), accept_lens[:, None],
+                          info.stage[:, None], retrieved[:, None], drafted[:, None]], dim=1).tolist()
+        self.retrieval.commit(rids, [row[: row[n]] for row in host])
+        self.retrieval.learn(vi.draft_token.view(bs, n), info.verified_nodes,
+                             result.logits_output.next_token_logits, info.scopes)
+        stage = [row[n + 1] for row in host]
+        retrieved_list = [row[n + 2] for row in host]
+        drafted_list = [row[n + 3] for row in host]
         c = self.retrieval.counters
         c.verify_steps += bs  # request-steps, like SGLang's spec_verify_ct
         c.accepted_retrieved_tokens += sum(retrieved_list)
@@ -267,6 +356,9 @@ class GraftWorkerV2(EAGLEWorkerV2):
         lo.customized_info = info_out
 
 
+seams.check_overrides(GraftWorkerV2, seams.EAGLE_WORKER, seams.WORKER_OVERRIDES)
+seams.check_overrides(GraftDraftWorker, seams.EAGLE_DRAFT_WORKER, seams.DRAFT_WORKER_OVERRIDES)
+
 _WORKERS: list[GraftWorkerV2] = []
 
 
@@ -279,6 +371,6 @@ def server_counters() -> Optional[dict]:
 
 
 def release_request(rid) -> None:
-    """Free ``rid``'s retrieval store (called when SGLang releases the request's KV)."""
+    """Free ``rid``'s retrieval state (called when SGLang releases the request's KV)."""
     for worker in _WORKERS:
         worker.retrieval.release(rid)

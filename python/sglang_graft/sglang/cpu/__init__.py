@@ -32,16 +32,10 @@ def _keep_intel_amx_backend(original, view, *args, **kwargs):
 
 def install_hooks() -> bool:
     """Register the CPU hooks with SGLang's HookRegistry; a no-op unless the stand-in serves."""
-    from sglang.srt.utils import is_cpu
+    from sglang_graft.sglang import seams
 
-    if not (is_cpu() and standin_active()):
+    if not (seams.IS_CPU.resolve()() and standin_active()):
         return False
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(
-        "sglang.srt.arg_groups.overrides._attention_backend_platform_fallbacks",
-        _keep_intel_amx_backend,
-        HookType.AROUND,
-    )
+    seams.register_hook(seams.CPU_BACKEND_FALLBACK, _keep_intel_amx_backend, "AROUND")
     logger.info("sglang-graft: CPU support active (pure-torch sgl_kernel stand-in, intel_amx backend kept)")
     return True

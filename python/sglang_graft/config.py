@@ -1,38 +1,47 @@
-"""GRAFT's own server flags (``--speculative-graft-*``) and the resolved configuration.
+"""GRAFT's one algorithm configuration, its ``--speculative-graft-*`` flags and their validation.
 
-SGLang 0.5.23 builds ``ServerArgs`` from a fixed field list, so a plugin's flags travel beside
-it: HookRegistry adds them to the parser (``ServerArgs.add_cli_args``) and copies the parsed
-values into a :class:`GraftConfig` before ``ServerArgs.from_cli_args`` resolves the record; the
-config rides along on the record as the non-field attribute ``_graft_config`` (pickled to the
-scheduler processes with it). Engine users without a CLI get the defaults.
+No SGLang imports: the serving glue (``sglang_graft.sglang``) adds these flags to SGLang's parser
+and carries the parsed :class:`GraftConfig` to every scheduler process on the server-args record.
+
+Names: the verify budget is ``num_nodes`` (``N``, root included) everywhere in this package; on
+SGLang's command line it is ``--speculative-num-draft-tokens``. The draft has ``num_steps`` levels
+of ``topk`` beams (``--speculative-num-steps`` / ``--speculative-eagle-topk``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Tuple
+
+from sglang_graft.tree.types import (
+    DEFAULT_THRESHOLDS,
+    PAPER_BUDGET,
+    PAPER_CHECKPOINT_DEPTHS,
+    PAPER_KEEP_PER_STAGE,
+    PruneConfig,
+    draft_pool_size,
+)
 
 SOURCES = ("sam", "recycle", "auto", "none")
 PLACEMENTS = ("root", "deepest_draft")
+# Who shares a recycling matrix: everybody, requests with the same tenant key
+# (``cache_salt``, else ``extra_key``; a request with neither is alone), or nobody.
+RECYCLE_SCOPES = ("shared", "tenant", "request")
 
 
 @dataclass(frozen=True)
 class GraftConfig:
-    """Everything GRAFT adds to SGLang's speculative flags.
-
-    The verify budget ``N`` is ``--speculative-num-draft-tokens`` (root included); draft depth
-    and width are ``--speculative-num-steps`` / ``--speculative-eagle-topk``.
-    """
+    """Everything GRAFT adds to SGLang's speculative flags (one field per ``--speculative-graft-*``)."""
 
     source: str = "auto"  # where retrieved chains come from, per request
     # Draft depths of the confidence checkpoints; empty = the published (0, 1, 5), clipped to the
     # draft's depth (see ``resolved_checkpoints``).
     checkpoint_depths: Tuple[int, ...] = ()
-    thresholds: Tuple[float, ...] = (0.35, 0.25, 0.15)  # c_d below which the draft is cut there
+    thresholds: Tuple[float, ...] = DEFAULT_THRESHOLDS  # c_d below which the draft is cut there
     # Share of the N-1 verify slots kept as draft per stage: the published 8 / 24 / 40 of 60.
-    keep_fractions: Tuple[float, ...] = (8 / 60, 24 / 60, 40 / 60)
+    keep_fractions: Tuple[float, ...] = tuple(k / PAPER_BUDGET for k in PAPER_KEEP_PER_STAGE)
     min_retrieval_slots: int = 0  # slots reserved for retrieval even when every checkpoint passes
     placement: str = "root"  # where the retrieved tree hangs
     retrieval_max_depth: int = 8  # deepest retrieved chain
@@ -41,19 +50,39 @@ class GraftConfig:
     store_memory_mb: int = 1024  # all per-request stores together
     recycle_k: int = 8  # successors kept per vocabulary token
     recycle_widths: Tuple[int, ...] = (8, 10, 8, 6, 5, 4, 4, 4, 3)  # BFS width template
+    recycle_scope: str = "tenant"  # who shares a recycling matrix (see RECYCLE_SCOPES)
     auto_match_threshold: int = 4  # auto: suffix match length from which sam is used
+    per_step_metrics: bool = False  # per verify step GRAFT fields in responses (else aggregates)
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:
         """Checkpoint depths for a draft of ``num_steps`` levels (depths 0..num_steps-1)."""
         if self.checkpoint_depths:
             return tuple(self.checkpoint_depths)
-        return tuple(sorted({min(d, num_steps - 1) for d in (0, 1, 5)}))
+        return tuple(sorted({min(d, num_steps - 1) for d in PAPER_CHECKPOINT_DEPTHS}))
 
-    def keep_per_stage(self, num_nodes: int) -> Tuple[int, ...]:
-        """Draft nodes kept at each pruning stage for budget ``N`` (root excluded)."""
+    def prune_config(self, num_nodes: int, num_steps: int) -> PruneConfig:
+        """The tree core's :class:`PruneConfig` for budget ``N`` and a ``num_steps``-level draft.
+
+        A stage keeps ``round(fraction * (N - 1))`` draft nodes, at least one for a positive
+        fraction (0 prunes the draft to the root). Example: the default fractions at ``N = 61``
+        keep 8 / 24 / 40 of the 60 non-root slots, the paper's split; at ``N = 16`` 2 / 6 / 10.
+        """
+        depths = self.resolved_checkpoints(num_steps)
+        n = len(depths)
         budget = num_nodes - 1
-        # a positive share keeps at least one draft node; 0 prunes the draft to the root
-        return tuple(min(budget, max(int(f > 0), round(f * budget))) for f in self.keep_fractions)
+        keep = tuple(min(budget, max(int(f > 0), round(f * budget))) for f in self.keep_fractions[:n])
+        return PruneConfig(checkpoint_depths=depths, thresholds=tuple(self.thresholds[:n]),
+                           keep_per_stage=keep, min_retrieval_slots=self.min_retrieval_slots)
+
+    @property
+    def uses_store(self) -> bool:
+        """Whether requests get a suffix-automaton store."""
+        return self.source in ("sam", "auto")
+
+    @property
+    def uses_matrix(self) -> bool:
+        """Whether a token-recycling matrix is kept."""
+        return self.source in ("recycle", "auto")
 
 
 _FLAGS: dict[str, dict[str, Any]] = {
@@ -73,11 +102,19 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "store_memory_mb": dict(type=int, help="Memory cap of all retrieval stores together (MB); LRU eviction."),
     "recycle_k": dict(type=int, help="Successors per vocabulary token in the recycling matrix."),
     "recycle_widths": dict(type=int, nargs="+", help="BFS width template of recycling proposals."),
+    "recycle_scope": dict(choices=RECYCLE_SCOPES, help="Who shares a recycling matrix: all requests (shared), "
+                          "requests with the same cache_salt / extra_key (tenant; a request with neither is "
+                          "alone), or each request alone (request). Learned from verify logits, a shared matrix "
+                          "lets one request's proposals depend on another's content."),
     "auto_match_threshold": dict(type=int, help="auto source: suffix match length from which sam is used."),
+    "per_step_metrics": dict(action=argparse.BooleanOptionalAction, help="Report GRAFT's counts per verify step "
+                             "in each response's meta_info (per-step acceptance patterns can fingerprint content); "
+                             "by default responses carry per-request totals."),
 }
 
 
 def flag_name(name: str) -> str:
+    """``checkpoint_depths`` -> ``--speculative-graft-checkpoint-depths``."""
     return "--speculative-graft-" + name.replace("_", "-")
 
 
@@ -87,8 +124,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("GRAFT speculative decoding (sglang-graft)")
     for name, spec in _FLAGS.items():
         default = getattr(defaults, name)
+        extra = {k: v for k, v in spec.items() if k != "help"}
         group.add_argument(flag_name(name), dest="graft_" + name, default=default,
-                           **{"help": spec["help"] + f" Default: {default}.", **{k: v for k, v in spec.items() if k != "help"}})
+                           help=spec["help"] + f" Default: {default}.", **extra)
 
 
 def config_from_namespace(args: argparse.Namespace) -> GraftConfig:
@@ -100,18 +138,28 @@ def config_from_namespace(args: argparse.Namespace) -> GraftConfig:
     return GraftConfig(**values)
 
 
-def validate(cfg: GraftConfig, *, num_draft_tokens: int, num_steps: int, topk: int,
-             draft_model_path: Optional[str], page_size: int) -> None:
-    """Raise ``ValueError`` with a one-line message naming the offending flag."""
-    if not draft_model_path:
-        raise ValueError("--speculative-algorithm GRAFT needs --speculative-draft-model-path (an EAGLE-3 head)")
+def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> None:
+    """Raise ``ValueError`` with a one-line message naming the offending flag.
+
+    ``num_nodes`` may exceed what the draft can fill (``draft_pool_size + 1``): the slots
+    the draft cannot fill are grafted (a chain draft, ``topk = 1``, fills ``num_steps``).
+    """
     if cfg.source not in SOURCES:
         raise ValueError(f"{flag_name('source')} must be one of {', '.join(SOURCES)}, got {cfg.source!r}")
     if cfg.placement not in PLACEMENTS:
         raise ValueError(f"{flag_name('placement')} must be one of {', '.join(PLACEMENTS)}, got {cfg.placement!r}")
+    if cfg.recycle_scope not in RECYCLE_SCOPES:
+        raise ValueError(f"{flag_name('recycle_scope')} must be one of {', '.join(RECYCLE_SCOPES)}, "
+                         f"got {cfg.recycle_scope!r}")
     if cfg.placement == "deepest_draft" and cfg.source not in ("recycle", "none"):
         raise ValueError(f"{flag_name('placement')} deepest_draft needs {flag_name('source')} recycle "
                          "(the per-request store proposes continuations of the committed context only)")
+    if num_steps < 1:
+        raise ValueError(f"--speculative-num-steps must be >= 1 for GRAFT, got {num_steps}")
+    if topk < 1:
+        raise ValueError(f"--speculative-eagle-topk must be >= 1 for GRAFT, got {topk}")
+    if num_nodes < 2:
+        raise ValueError(f"--speculative-num-draft-tokens must be >= 2 for GRAFT, got {num_nodes}")
     depths = cfg.resolved_checkpoints(num_steps)
     n = len(depths)
     if len(cfg.thresholds) < n or len(cfg.keep_fractions) < n or (
@@ -129,32 +177,32 @@ def validate(cfg: GraftConfig, *, num_draft_tokens: int, num_steps: int, topk: i
         raise ValueError(f"{flag_name('thresholds')} must lie in [0, 1], got {list(cfg.thresholds)}")
     if any(not 0.0 <= f <= 1.0 for f in cfg.keep_fractions):
         raise ValueError(f"{flag_name('keep_fractions')} must lie in [0, 1], got {list(cfg.keep_fractions)}")
-    if topk < 1:
-        raise ValueError(f"--speculative-eagle-topk must be >= 1 for GRAFT, got {topk}")
-    max_draft = topk + (num_steps - 1) * topk * topk
-    if num_draft_tokens < 2:
-        raise ValueError(f"--speculative-num-draft-tokens must be >= 2 for GRAFT, got {num_draft_tokens}")
-    if num_draft_tokens - 1 > max_draft:
-        raise ValueError(f"--speculative-num-draft-tokens {num_draft_tokens} exceeds what the draft can fill "
-                         f"(topk {topk}, steps {num_steps}: at most {max_draft + 1})")
-    if cfg.min_retrieval_slots < 0 or cfg.min_retrieval_slots > num_draft_tokens - 2:
-        raise ValueError(f"{flag_name('min_retrieval_slots')} must lie in [0, N-2] = [0, {num_draft_tokens - 2}], "
+    if cfg.min_retrieval_slots < 0 or cfg.min_retrieval_slots > num_nodes - 2:
+        raise ValueError(f"{flag_name('min_retrieval_slots')} must lie in [0, N-2] = [0, {num_nodes - 2}], "
                          f"got {cfg.min_retrieval_slots}")
+    if cfg.source == "none" and num_nodes - 1 > draft_pool_size(topk, num_steps):
+        raise ValueError(f"--speculative-num-draft-tokens {num_nodes} exceeds what the draft can fill "
+                         f"(topk {topk}, steps {num_steps}: at most {draft_pool_size(topk, num_steps) + 1}) "
+                         f"and {flag_name('source')} none grafts nothing into the rest")
     for name in ("retrieval_max_depth", "sam_min_match", "context_cap", "store_memory_mb", "recycle_k"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{flag_name(name)} must be >= 1, got {getattr(cfg, name)}")
-    if not cfg.recycle_widths or min(cfg.recycle_widths) < 1 or max(cfg.recycle_widths) > cfg.recycle_k * 64:
+    if not cfg.recycle_widths or min(cfg.recycle_widths) < 1:
         raise ValueError(f"{flag_name('recycle_widths')} must be positive, got {list(cfg.recycle_widths)}")
-    if page_size != 1:
-        raise ValueError(f"GRAFT needs --page-size 1 (its irregular trees use the topk > 1 KV layout), got {page_size}")
+    from sglang_graft.retrieval.recycling_matrix import build_template
+
+    try:
+        build_template(cfg.recycle_widths, cfg.recycle_k)
+    except ValueError as e:
+        raise ValueError(f"{flag_name('recycle_widths')} {list(cfg.recycle_widths)} with "
+                         f"{flag_name('recycle_k')} {cfg.recycle_k}: {e}") from None
 
 
-def prune_config(cfg: GraftConfig, num_nodes: int, num_steps: int):
-    """The tree core's ``PruneConfig`` for budget ``N`` and a ``num_steps``-level draft."""
-    from sglang_graft.tree import PruneConfig
-
-    depths = cfg.resolved_checkpoints(num_steps)
-    n = len(depths)
-    return PruneConfig(checkpoint_depths=depths, thresholds=tuple(cfg.thresholds[:n]),
-                       keep_per_stage=cfg.keep_per_stage(num_nodes)[:n],
-                       min_retrieval_slots=cfg.min_retrieval_slots)
+def resolve_draft_shape(num_steps: Optional[int], topk: Optional[int], num_nodes: Optional[int],
+                        defaults: Tuple[int, int, int]) -> Tuple[int, int, int]:
+    """``(num_steps, topk, num_nodes)`` with unset values taken from ``defaults``; an unset budget
+    is the default capped to what the draft fills plus the root."""
+    steps = defaults[0] if num_steps is None else num_steps
+    k = defaults[1] if topk is None else topk
+    n = num_nodes if num_nodes is not None else min(defaults[2], draft_pool_size(k, steps) + 1)
+    return steps, k, n

@@ -1,0 +1,136 @@
+"""GRAFT's hooks on SGLang functions (through HookRegistry, see :mod:`seams`).
+
+Scheduler side: free a request's retrieval state with its KV, add GRAFT's counters to
+``/server_info``. HTTP / tokenizer side: wait for the HTTP server before SGLang's post-start ``/freeze_gc`` call, reject inputs that would take the scheduler down with a
+400 (a prompt that tokenizes to nothing, token ids outside the vocabulary), and report GRAFT's
+per-step counts as per-request totals unless ``--speculative-graft-per-step-metrics`` is on.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import Counter
+from urllib.parse import urlsplit
+
+from sglang_graft.sglang import seams
+
+# Keys the worker emits per verify step (``customized_info``); the tokenizer side turns them into
+# totals. Kept in SGLang's per-request accumulator under a prefix, out of meta_info.
+STEP_KEYS = ("graft_stage", "graft_draft_accepted", "graft_retrieved_accepted", "graft_verify")
+_ACC = "graft_steps:"
+
+
+def _free_request_state(result, req, *args, **kwargs):
+    """AFTER ``release_kv_cache``: a finished, aborted or retracted request drops its retrieval
+    state now, not at the next decode step (there may be none)."""
+    from sglang_graft.sglang.worker import release_request
+
+    release_request(req.rid)
+    return result
+
+
+def _add_server_info(result, controller, state, *args, **kwargs):
+    from sglang_graft.sglang.worker import server_counters
+
+    counters = server_counters()
+    if counters is not None:
+        sched = controller.scheduler
+        # free KV slots counting evictable prefix-cache entries: back to the idle value once
+        # every request finished or was aborted
+        counters["kv_free_tokens"] = int(sched.token_to_kv_pool_allocator.available_size()) + int(
+            sched.tree_cache.evictable_size())
+        state["graft"] = counters
+    return result
+
+
+def check_input_ids(input_ids, vocab_size: int) -> None:
+    """Raise ``ValueError`` (HTTP 400) for an empty prompt or ids outside ``[0, vocab_size)``."""
+    if input_ids is None:  # input_embeds and the like carry no ids
+        return
+    if len(input_ids) == 0:
+        raise ValueError("The prompt is empty: it tokenizes to no tokens. Send text or input_ids "
+                         "with at least one token.")
+    try:
+        low, high = min(input_ids), max(input_ids)
+    except TypeError:
+        raise ValueError("input_ids must be a list of integers.") from None
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"input_ids contains out-of-vocabulary token id {bad}; valid range is [0, {vocab_size}).")
+
+
+def _validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
+    """BEFORE ``TokenizerManager._validate_one_request``."""
+    check_input_ids(input_ids, tokenizer_manager.model_config.vocab_size)
+    return None
+
+
+def aggregate_steps(steps: dict) -> dict:
+    """Per-request totals of GRAFT's per-step lists (what responses carry by default).
+
+    Example: ``{"graft_stage": [0, 2, 2], "graft_draft_accepted": [1, 0, 3],
+    "graft_retrieved_accepted": [0, 4, 0], "graft_verify": ["greedy"] * 3}`` gives
+    ``{"graft_draft_accepted": 4, "graft_retrieved_accepted": 4, "graft_stage_histogram": [1, 0, 2],
+    "graft_verify": "greedy"}``.
+    """
+    stages = Counter(steps.get("graft_stage", []))
+    out = {
+        "graft_draft_accepted": int(sum(steps.get("graft_draft_accepted", []))),
+        "graft_retrieved_accepted": int(sum(steps.get("graft_retrieved_accepted", []))),
+        "graft_stage_histogram": [stages.get(s, 0) for s in range(max(stages, default=-1) + 1)],
+    }
+    modes = steps.get("graft_verify", [])
+    if modes:
+        out["graft_verify"] = modes[-1]
+    return out
+
+
+def _per_step_metrics(tokenizer_manager) -> bool:
+    from sglang_graft.sglang.algorithm import cli_config
+
+    cfg = getattr(getattr(tokenizer_manager, "server_args", None), seams.GRAFT_CONFIG_ATTR, None) or cli_config()
+    return cfg.per_step_metrics
+
+
+def _update_meta_info(original, tokenizer_manager, meta_info, state, customized_info, index, *args, **kwargs):
+    """AROUND ``TokenizerManager.update_request_meta_info``: GRAFT's per-step keys become
+    per-request totals (per-step lists only with ``--speculative-graft-per-step-metrics``)."""
+    if not any(k in customized_info for k in STEP_KEYS):
+        return original(tokenizer_manager, meta_info, state, customized_info, index, *args, **kwargs)
+    per_step = _per_step_metrics(tokenizer_manager)
+    rest = {k: v for k, v in customized_info.items() if k not in STEP_KEYS}
+    if rest:
+        original(tokenizer_manager, meta_info, state, rest, index, *args, **kwargs)
+    acc = state.customized_info_accumulated
+    for key in STEP_KEYS:
+        if key in customized_info:
+            acc.setdefault(_ACC + key, []).extend(customized_info[key][index])
+    steps = {key: acc.get(_ACC + key, []) for key in STEP_KEYS}
+    meta_info.update(aggregate_steps(steps))
+    if per_step:
+        meta_info["graft_steps"] = {key[len("graft_"):]: list(values) for key, values in steps.items()}
+    return None
+
+
+def _freeze_gc_when_listening(original, server_args, *args, **kwargs):
+    """AROUND ``_freeze_gc_after_server_warmup``: with ``--skip-server-warmup`` SGLang posts
+    ``/freeze_gc`` to its own HTTP server before that server listens, and logs the refused
+    connection with a traceback at every start. Wait (up to 60 s) until the port accepts."""
+    url = urlsplit(server_args.url())
+    deadline = time.monotonic() + 60.0
+    while url.hostname and time.monotonic() < deadline:
+        try:
+            socket.create_connection((url.hostname, url.port or 80), timeout=1.0).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return original(server_args, *args, **kwargs)
+
+
+def register() -> None:
+    seams.register_hook(seams.RELEASE_KV_CACHE, _free_request_state, "AFTER")
+    seams.register_hook(seams.SERVER_INFO, _add_server_info, "AFTER")
+    seams.register_hook(seams.VALIDATE_REQUEST, _validate_request, "BEFORE")
+    seams.register_hook(seams.UPDATE_META_INFO, _update_meta_info, "AROUND")
+    seams.register_hook(seams.FREEZE_GC, _freeze_gc_when_listening, "AROUND")

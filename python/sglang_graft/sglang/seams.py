@@ -1,0 +1,250 @@
+"""Every use of an SGLang internal by sglang-graft, in one place, each one checked.
+
+sglang-graft subclasses SGLang's EAGLE V2 worker and registers through SGLang's plugin
+machinery; beyond that public surface it relies on the SGLang 0.5.23 internals listed here:
+
+* **imports**: classes it subclasses and functions it calls;
+* **swaps**: module-level names rebound for the duration of one call (:func:`swapped`);
+* **hooks**: functions wrapped through SGLang's ``HookRegistry`` (:func:`register_hook`);
+* **overrides**: SGLang methods the GRAFT worker classes override (:func:`check_overrides`);
+* **attributes**: values carried on SGLang objects (:data:`GRAFT_CONFIG_ATTR`, :data:`RAW_INPUT`).
+
+Every seam resolves when it is first used, or raises :class:`SeamError` naming the SGLang
+symbol; swaps that must be called are checked after the call; hooks are checked to have been
+applied (:func:`check_hooks_applied`, at launch and at worker start); overrides are checked to
+override something. Nothing else in the package imports from ``sglang``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+PINNED_SGLANG = "0.5.23"
+
+
+class SeamError(RuntimeError):
+    """An SGLang internal that sglang-graft relies on is missing or was not used as expected."""
+
+
+def _installed_sglang() -> str:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - SGLang is a dependency
+        return "not installed"
+
+
+@dataclass(frozen=True)
+class Seam:
+    """One SGLang internal: its dotted path and what GRAFT uses it for."""
+
+    target: str
+    use: str
+    static: bool = True  # resolvable from its module (False: an attribute set on instances)
+
+    @property
+    def owner(self) -> str:
+        return self.target.rsplit(".", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.target.rsplit(".", 1)[1]
+
+    def error(self, problem: str) -> SeamError:
+        return SeamError(f"SGLang seam {self.target}: {problem} (GRAFT uses it to {self.use}; sglang-graft "
+                         f"needs SGLang {PINNED_SGLANG}, installed {_installed_sglang()})")
+
+    def resolve(self) -> Any:
+        try:
+            return pkgutil.resolve_name(self.target)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise self.error(f"missing ({type(e).__name__}: {e})") from None
+
+    def resolve_owner(self) -> Any:
+        self.resolve()
+        return pkgutil.resolve_name(self.owner)
+
+
+_SW = "sglang.srt.speculative"
+# -- imports -----------------------------------------------------------------------------------
+EAGLE_WORKER = Seam(f"{_SW}.eagle_worker_v2.EAGLEWorkerV2", "drive the speculative step (GRAFT subclasses it)")
+EAGLE_DRAFT_WORKER = Seam(f"{_SW}.eagle_worker_v2.EagleDraftWorker", "run the EAGLE-3 draft (subclassed)")
+EAGLE_VERIFY_INPUT = Seam(f"{_SW}.eagle_info.EagleVerifyInput", "hand the tree to verify (subclassed)")
+RUN_EAGLE_VERIFY = Seam(f"{_SW}.eagle_worker_common.run_eagle_verify", "verify and commit the tree")
+SPECULATIVE_ALGORITHM = Seam(f"{_SW}.spec_info.SpeculativeAlgorithm", "register --speculative-algorithm GRAFT")
+CUSTOM_SPEC_ALGO = Seam(f"{_SW}.spec_registry.CustomSpecAlgo", "answer SGLang's algorithm predicates")
+GET_REGISTERED_SPEC = Seam(f"{_SW}.spec_registry.get_spec", "register once per process")
+FUTURE_MAP = Seam("sglang.srt.managers.overlap_utils.FutureMap", "relay draft state in overlap mode")
+DISAGG_DRAFT_INPUT = Seam(f"{_SW}.eagle_disaggregation.build_eagle_disagg_draft_input",
+                          "build the draft input of a disaggregated decode")
+IS_CPU = Seam("sglang.srt.utils.is_cpu", "tell the CPU path apart")
+HOOK_REGISTRY = Seam("sglang.srt.plugins.hook_registry.HookRegistry", "wrap SGLang functions")
+HOOK_TYPE = Seam("sglang.srt.plugins.hook_registry.HookType", "wrap SGLang functions")
+
+# -- swaps: rebound for the duration of one call ---------------------------------------------------
+ORGANIZE_DRAFT_RESULTS = Seam(f"{_SW}.eagle_worker_v2.organize_draft_results",
+                              "read the whole draft candidate pool (instead of SGLang's top-N selection)")
+BUILD_VERIFY_INPUT = Seam(f"{_SW}.eagle_worker_v2.build_eagle_verify_input",
+                          "build GRAFT's pruned + grafted tree instead of the dense EAGLE tree")
+DRAFT_WORKER_CLASS = Seam(f"{_SW}.eagle_worker_v2.EagleDraftWorker",
+                          "make EAGLEWorkerV2 create GRAFT's draft worker")
+VERIFY_IS_CPU = Seam(f"{_SW}.eagle_utils._is_cpu",
+                     "let sampling requests reach SGLang's sampling verifier on CPU (it forces greedy there)")
+TREE_SAMPLING = Seam(f"{_SW}.eagle_utils.tree_speculative_sampling_target_only",
+                     "verify sampling requests on CPU (the CUDA kernel's torch twin)")
+TOP_K_RENORM = Seam(f"{_SW}.eagle_utils.top_k_renorm_prob", "renormalise top-k target probabilities on CPU")
+TOP_P_RENORM = Seam(f"{_SW}.eagle_utils.top_p_renorm_prob", "renormalise top-p target probabilities on CPU")
+
+# -- hooks (HookRegistry) ---------------------------------------------------------------------------
+ADD_CLI_ARGS = Seam("sglang.srt.server_args.ServerArgs.add_cli_args", "add the --speculative-graft-* flags")
+FROM_CLI_ARGS = Seam("sglang.srt.server_args.ServerArgs.from_cli_args",
+                     "carry the parsed GRAFT flags on the server-args record")
+SERVER_INFO = Seam("sglang.srt.managers.scheduler_components.internal_state."
+                   "SchedulerInternalStateController._add_speculative", "add GRAFT's counters to /server_info")
+RELEASE_KV_CACHE = Seam("sglang.srt.mem_cache.common.release_kv_cache",
+                        "free a request's retrieval store with its KV (finish, abort, retraction)")
+VALIDATE_REQUEST = Seam("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+                        "reject prompts that tokenize to nothing or hold out-of-vocabulary ids with a 400")
+UPDATE_META_INFO = Seam("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info",
+                        "report per-request totals of GRAFT's per-step counts")
+FREEZE_GC = Seam("sglang.srt.entrypoints.http_server._freeze_gc_after_server_warmup",
+                 "post /freeze_gc only once the HTTP server listens (no traceback at start)")
+CPU_BACKEND_FALLBACK = Seam("sglang.srt.arg_groups.overrides._attention_backend_platform_fallbacks",
+                            "keep the intel_amx backend (tree verify) on CPUs without AMX")
+HOOKS_APPLIED = Seam("sglang.srt.plugins.hook_registry.HookRegistry._patched",
+                     "check that every GRAFT hook was applied")
+
+# -- overrides: SGLang methods GRAFT's worker classes override ---------------------------------------
+PREFILL_BATCH = Seam(f"{_SW}.eagle_worker_v2.EAGLEWorkerV2._forward_prefill_batch",
+                     "admit requests to retrieval while they are prefilled")
+WORKER_OVERRIDES = ("verify", "_forward_prefill_batch")
+DRAFT_WORKER_OVERRIDES = ("draft", "_capture_cuda_graphs", "_draft_extend_for_decode", "_rebuild_topk1_chain_buffers")
+
+# -- attributes -------------------------------------------------------------------------------------
+GRAFT_CONFIG_ATTR = "_graft_config"  # GRAFT's config on the ServerArgs record (pickled to schedulers)
+RAW_INPUT = Seam("sglang.srt.server_args.ServerArgs._raw_input",
+                 "tell a user-chosen --attention-backend from one SGLang picked", static=False)
+DRAFT_RUNNER_FORWARD = "draft_runner.forward"  # wrapped per call on a chain draft (draft probabilities)
+
+
+# -- swaps -----------------------------------------------------------------------------------------
+class _Calls:
+    """Counts the calls that went through a swapped-in callable."""
+
+    def __init__(self, seam: Seam, fn: Callable):
+        self.seam, self.fn, self.count = seam, fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.count += 1
+        return self.fn(*args, **kwargs)
+
+    def require(self) -> None:
+        if self.count == 0:
+            raise self.seam.error("was not called; SGLang's code path changed")
+
+
+@contextlib.contextmanager
+def swapped(seam: Seam, value: Any, *, required: bool = False) -> Iterator[Optional[_Calls]]:
+    """Rebind ``seam`` to ``value`` for the block (the scheduler is single-threaded).
+
+    A callable ``value`` is wrapped in a call counter (yielded); with ``required`` the block
+    must call it at least once, else :class:`SeamError` names the seam.
+    """
+    owner = seam.resolve_owner()
+    original = getattr(owner, seam.name)
+    calls = _Calls(seam, value) if callable(value) and not isinstance(value, type) else None
+    setattr(owner, seam.name, calls if calls is not None else value)
+    try:
+        yield calls
+    finally:
+        setattr(owner, seam.name, original)
+    if required and calls is not None:
+        calls.require()
+
+
+@contextlib.contextmanager
+def wrapped_attribute(obj: Any, name: str, wrap: Callable[[Callable], Callable], where: str) -> Iterator[None]:
+    """Wrap the bound callable ``obj.name`` for the block (e.g. a runner's ``forward``)."""
+    original = getattr(obj, name, None)
+    if not callable(original):
+        raise SeamError(f"SGLang seam {where}: missing (sglang-graft needs SGLang {PINNED_SGLANG}, "
+                        f"installed {_installed_sglang()})")
+    own = name in getattr(obj, "__dict__", {})
+    setattr(obj, name, wrap(original))
+    try:
+        yield
+    finally:
+        if own:
+            setattr(obj, name, original)
+        else:
+            delattr(obj, name)  # back to the class attribute
+
+
+# -- hooks ------------------------------------------------------------------------------------------
+_REGISTERED_HOOKS: list[Seam] = []
+
+
+def register_hook(seam: Seam, fn: Callable, kind: str) -> None:
+    """Register ``fn`` on ``seam`` with HookRegistry (``kind``: BEFORE, AFTER or AROUND)."""
+    seam.resolve()
+    HookRegistry = HOOK_REGISTRY.resolve()
+    HookRegistry.register(seam.target, fn, getattr(HOOK_TYPE.resolve(), kind))
+    if seam not in _REGISTERED_HOOKS:
+        _REGISTERED_HOOKS.append(seam)
+
+
+def registered_hooks() -> list[Seam]:
+    return list(_REGISTERED_HOOKS)
+
+
+def check_hooks_applied() -> None:
+    """Raise :class:`SeamError` for every registered hook HookRegistry did not apply (it logs and
+    skips a target it cannot patch)."""
+    patched = HOOKS_APPLIED.resolve()
+    missing = [s for s in _REGISTERED_HOOKS if s.target not in patched]
+    if missing:
+        raise missing[0].error("its hook was not applied by HookRegistry.apply_hooks "
+                               f"({len(missing)} GRAFT hook(s) missing: {', '.join(s.target for s in missing)})")
+
+
+# -- overrides --------------------------------------------------------------------------------------
+def check_overrides(cls: type, base: Seam, names: tuple[str, ...]) -> None:
+    """Each of ``names``, defined by ``cls``, must override a method of ``base`` (else SGLang
+    would never call it and GRAFT's step would silently be SGLang's)."""
+    parent = base.resolve()
+    for name in names:
+        if name not in cls.__dict__:
+            raise TypeError(f"{cls.__name__} does not define {name}")
+        if not callable(getattr(parent, name, None)):
+            raise Seam(f"{base.target}.{name}", f"run GRAFT's {cls.__name__}.{name}").error(
+                "missing, so the override would never be called")
+
+
+def request_tokens(req: Any):
+    """``int64`` numpy view of a request's tokens up to the end of the chunk being prefilled
+    (``Req.get_fill_ids``: prompt, plus the output so far for a retracted request)."""
+    import numpy as np
+
+    get = getattr(req, "get_fill_ids", None)
+    if get is None:
+        raise Seam("sglang.srt.managers.schedule_batch.Req.get_fill_ids", "index a prompt while it is prefilled") \
+            .error("missing")
+    ids = get()
+    return np.frombuffer(ids, dtype=np.int64) if isinstance(ids, (bytes, bytearray, memoryview)) or \
+        getattr(ids, "typecode", None) == "q" else np.asarray(ids, dtype=np.int64)
+
+
+def request_tenant(req: Any) -> Optional[str]:
+    """A request's tenant key for recycling scopes: ``cache_salt``, else ``extra_key``."""
+    return getattr(req, "cache_salt", None) or getattr(req, "extra_key", None)
+
+
+def server_args_attr(server_args: Any, seam: Seam, default: Any = None) -> Any:
+    """Read a private attribute of the ServerArgs record (``_raw_input``), checked to exist."""
+    if not hasattr(server_args, seam.name):
+        raise seam.error("missing on the server-args record")
+    value = getattr(server_args, seam.name)
+    return default if value is None else value
