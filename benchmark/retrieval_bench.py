@@ -17,7 +17,9 @@ the first step). ``frequent_match`` is the automaton's costly case: a 5-token mo
 with one fresh token between copies, so the match has thousands of earlier occurrences.
 
 Prints a table and writes ``retrieval_bench.json`` (keys ``append_tok_per_s``,
-``propose_p50_us``, ``propose_p99_us`` per context size, ``batch64_step_us``) and, when
+``propose_p50_us``, ``propose_p99_us`` per context size, ``batch64_step_us``,
+``admission_stall``: the decode step a 64K-token prompt joins, with its store built in that step
+as before or indexed during its prefill as GRAFT's worker does now) and, when
 matplotlib is importable, ``retrieval_bench.png``.
 """
 
@@ -263,6 +265,52 @@ def plot(results: dict, path: Path) -> bool:
     return True
 
 
+def bench_admission_stall(prompt: int, steps: int, seed: int) -> dict:
+    """Decode-step host time of 8 running requests when a ``prompt``-token request joins at step 20.
+
+    ``before``: its store is built at its first decode step (the previous worker). ``after``: GRAFT's
+    worker indexes the prompt while it is prefilled (8K-token chunks, outside the decode steps) and
+    the first decode step only appends the prefill's token.
+    """
+    from sglang_graft.config import GraftConfig
+    from sglang_graft.sglang.retrieval_state import GraftRetrieval
+
+    stream = synthetic_stream(prompt + 8 * 1024 + 4 * steps + 64, seed)
+    rng = np.random.default_rng(seed)
+    out = {}
+    for mode in ("before", "after"):
+        state = GraftRetrieval(GraftConfig(source="sam"), VOCAB, num_nodes=16, num_stages=3, device="cpu")
+        running = [f"r{i}" for i in range(8)]
+        pos = {}
+        for i, rid in enumerate(running):
+            state.admit(rid, stream[i * 1024 : (i + 1) * 1024])
+            state.add_roots([rid], [int(stream[(i + 1) * 1024])])
+            pos[rid] = (i + 1) * 1024 + 1
+        big = stream[-prompt:]
+        step_s = []
+        for step in range(steps):
+            if step == 20 and mode == "after":  # prefill chunks: not a decode step
+                for end in range(8192, prompt + 1, 8192):
+                    state.admit("big", big[:end])
+            t0 = time.perf_counter()
+            if step == 20:
+                if mode == "before":
+                    state.admit("big", big)  # what the old worker did inside the decode step
+                state.add_roots(["big"], [1])
+                running.append("big")
+                pos["big"] = 0
+            for rid in running:
+                k = int(rng.integers(1, 5))
+                toks = stream[pos[rid] : pos[rid] + k] if rid != "big" else stream[:k]
+                state.commit([rid], [toks.tolist()])
+                pos[rid] += k
+            state.store.propose(running, MAX_DEPTH, MAX_NODES)
+            step_s.append(time.perf_counter() - t0)
+        out[mode] = {"step_p50_us": percentile_us(step_s, 50), "step_max_us": max(step_s) * 1e6,
+                     "join_step_us": step_s[20] * 1e6}
+    return {"admission_stall": {"prompt_tokens": prompt, "running": 8, **out}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "benchmark" / "out")
@@ -299,6 +347,7 @@ def main() -> None:
         str(c): bench_frequent_match(c, 500, seed=11) for c in CONTEXTS[1:]
     }
     results.update(bench_recycling(50))
+    results.update(bench_admission_stall(65536, 60, seed=13))
     at16k = results["contexts"]["16384"]
     results["target_met"] = bool(
         at16k["step_p50_us"] <= TARGET_US and results["batch64_per_request_us"] <= TARGET_US
@@ -330,6 +379,13 @@ def main() -> None:
     print(
         f"recycling matrix, CPU, batch 64 x 52 nodes: update {results['recycling_update_p50_us']:.0f} µs, "
         f"propose {results['recycling_propose_p50_us']:.0f} µs"
+    )
+    st = results["admission_stall"]
+    print(
+        f"a {st['prompt_tokens'] // 1024}K-token prompt joining 8 decoding requests: the decode step it joins takes "
+        f"{st['before']['join_step_us'] / 1000:.1f} ms when its store is built there (before), "
+        f"{st['after']['join_step_us'] / 1000:.2f} ms when it is indexed during its prefill (after); "
+        f"other steps p50 {st['after']['step_p50_us']:.0f} µs"
     )
     if "first_call_compile_s" in results:
         print(

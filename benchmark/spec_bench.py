@@ -119,6 +119,9 @@ def main() -> None:
     ap.add_argument("--categories", default=",".join(prompt_sets.CATEGORIES))
     ap.add_argument("--methods", default="none,NGRAM,EAGLE3-tree,EAGLE3-chain,GRAFT-sam,GRAFT-recycle,GRAFT-auto,"
                     "GRAFT-prune-only")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE ARGS",
+                    help="an extra method: BASE (a method name) with server ARGS added, e.g. "
+                    "'recycle-shared=GRAFT-recycle --speculative-graft-recycle-scope shared'; repeatable")
     ap.add_argument("--num-prompts", type=int, default=5, help="prompts per category")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0,
@@ -148,6 +151,14 @@ def main() -> None:
 
         args.model = build_smollm2.build(build_smollm2.default_dir(args.dtype), args.dtype)
     table = methods(args.steps, args.topk, args.num_draft_tokens)
+    for spec in args.variant:
+        name, _, rest = spec.partition("=")
+        base, *extra = rest.split()
+        if base not in table:
+            sys.exit(f"--variant {spec!r}: unknown base method {base!r}")
+        table[name] = Method(name, (*table[base].args, *extra), table[base].draft_steps, table[base].needs_draft)
+        if name not in args.methods.split(","):
+            args.methods += "," + name
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in table]
     if unknown:

@@ -209,3 +209,18 @@ def test_same_calls_same_results():
     assert len(trees_a) == len(trees_b)
     for a, b in zip(trees_a, trees_b):
         assert_same_tree(a, b)
+
+
+def test_make_room_rebuilds_a_full_window_as_the_next_append_would():
+    tokens = np.arange(1, 18, dtype=np.int64) % 7
+    a = RetrievalStore(context_cap=16)
+    b = RetrievalStore(context_cap=16)
+    a.create("r", tokens[:16])
+    b.create("r", tokens[:16])
+    a.make_room("r")
+    assert a.context("r").tolist() == tokens[8:16].tolist()
+    a.extend("r", tokens[16:])
+    b.extend("r", tokens[16:])
+    assert a.context("r").tolist() == b.context("r").tolist()
+    assert a.propose(["r"], 4, 8)[0].tokens.tolist() == b.propose(["r"], 4, 8)[0].tokens.tolist()
+    a.make_room("missing")  # unknown or evicted requests: nothing to do

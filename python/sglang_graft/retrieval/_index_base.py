@@ -147,6 +147,15 @@ class ContextIndex(ABC):
             self.total_tokens += chunk.shape[0]
             tokens = tokens[chunk.shape[0] :]
 
+    def make_room(self) -> bool:
+        """Rebuild over the last ``context_cap // 2`` tokens now if the window is full (what the
+        next append would do); True if it rebuilt. Lets a caller pay for the rebuild where it
+        chooses (a prompt filling the window is indexed during its prefill, not at a decode step)."""
+        if len(self) < self.context_cap:
+            return False
+        self._rebuild_tail(self.context_cap // 2)
+        return True
+
     def _rebuild_tail(self, keep: int) -> None:
         tail = self._text[len(self) - keep : len(self)].astype(np.int64)
         self.window_start += len(self) - keep

@@ -217,6 +217,16 @@ class RetrievalStore:
             return entry.automaton.match_length
         return entry.ngram.match_length if entry.ngram is not None else 0
 
+    def make_room(self, rid: Hashable) -> None:
+        """Rebuild ``rid``'s full windows now rather than at its next append (see ``ContextIndex.make_room``)."""
+        entry = self._entries.get(rid)
+        if entry is None:
+            return
+        for index in (entry.automaton, entry.ngram):
+            if index is not None:
+                index.make_room()
+        self._account(entry)
+
     def context(self, rid: Hashable) -> np.ndarray:
         """The tokens ``rid``'s index holds (its last ``context_cap`` at most; empty once evicted)."""
         entry = self._entries.get(rid)

@@ -128,6 +128,7 @@ class GraftRetrieval:
                 self.store.create(rid, tokens)
             elif len(tokens) > seen:
                 self.store.extend(rid, tokens[seen:])
+            self.store.make_room(rid)  # a prompt that fills the window is rebuilt here, in its prefill
             self._root_pending.add(rid)
         self._indexed[rid] = len(tokens)
         if self.scopes is not None:
