@@ -238,6 +238,7 @@ def test_bad_inputs_alone_then_mixed_load_twice(graft_server, plain_server):
             assert after[key] == idle[key], (tag, key, after, idle)
         rounds.append([r["output_ids"] for r in g])
     assert rounds[0] == rounds[1]
+    assert "Traceback" not in srv.tail(10 ** 8)  # a start, bad input and aborts log no traceback
     state = _graft_state(srv)
     assert state["verify_steps"] > 0 and state["sampling_verify_steps"] > 0
     print(f"\nreliability: {len(greedy) + len(other) + len(BAD_INPUTS) + 6} requests per round, "

@@ -90,6 +90,7 @@ def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_l
         assert 0.0 < graft["retrieval_share"] <= 1.0
         assert sum(graft["stage_histogram"]) == graft["verify_steps"]
         assert info["avg_spec_accept_length"] >= 1.0
+        assert "Traceback" not in srv.tail(10 ** 8)  # a normal start prints no traceback
 
 
 @pytest.mark.parametrize("mode,extra", [
