@@ -8,7 +8,9 @@ prompt of every category at batch size 1, and reports per method x category:
 * ``tok_per_s`` (client wall time, prefill included) and ``speedup`` over no speculation in the
   same run;
 * ``retrieval_share``: accepted draft-tree tokens proposed by retrieval only (GRAFT);
-* ``draft_steps``: draft model forward passes per step; ``verify_tokens``: tokens per verify pass;
+* ``draft_passes``: draft model forward passes per step (GRAFT: measured); ``verify_tokens``: tokens per
+  verify pass (GRAFT: the mean budget chosen); GRAFT methods add the step-time breakdown and the
+  histogram of verify budgets (``economy`` in the JSON);
 * ``identical``: outputs token-identical to no speculation (asserted at T = 0 in float32).
 
 Writes ``--json``, a Markdown table and PNG plots next to it.
@@ -28,6 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+import requests
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,6 +68,11 @@ def methods(steps: int, topk: int, n: int) -> dict[str, Method]:
         Method("GRAFT-recycle", (*graft, "--speculative-graft-source", "recycle"), steps, True),
         Method("GRAFT-auto", (*graft, "--speculative-graft-source", "auto"), steps, True),
         Method("GRAFT-prune-only", (*graft, "--speculative-graft-source", "none"), steps, True),
+        # the previous behaviour: every draft pass, N every step, the published draft / retrieval split
+        Method("GRAFT-fixed", (*graft, "--speculative-graft-source", "auto", "--speculative-graft-budget", "fixed"),
+               steps, True),
+        # what a user gets: only the algorithm and the head (steps 6, topk 4, N 16, cost-aware budget)
+        Method("GRAFT", ("--speculative-algorithm", "GRAFT"), 6, True),
     ]}
 
 
@@ -86,7 +95,8 @@ def _encode(tokenizer, prompt: str) -> list[int]:
 
 
 def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prompts, max_new: int,
-               temperature: float, log_dir: Path) -> dict[str, Cell]:
+               temperature: float, log_dir: Path) -> tuple[dict[str, Cell], dict | None]:
+    """Serve ``prompts`` one at a time; per-category cells and GRAFT's step economy (or None)."""
     from local_server import SGLangServer
 
     args = list(method.args)
@@ -108,7 +118,9 @@ def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prom
             c.retrieved += m.get("graft_retrieved_accepted", 0)
             c.drafted += m.get("graft_draft_accepted", 0)
             c.outputs.append(r["output_ids"])
-    return cells
+        info = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0]
+    graft = info.get("graft")
+    return cells, (graft or {}).get("economy")
 
 
 def main() -> None:
@@ -117,8 +129,8 @@ def main() -> None:
     ap.add_argument("--draft", type=Path, default=DEFAULT_HEAD, help="EAGLE-3 head dir")
     ap.add_argument("--prompts", type=Path, help="JSONL with category and prompt fields (default: built-in sets)")
     ap.add_argument("--categories", default=",".join(prompt_sets.CATEGORIES))
-    ap.add_argument("--methods", default="none,NGRAM,EAGLE3-tree,EAGLE3-chain,GRAFT-sam,GRAFT-recycle,GRAFT-auto,"
-                    "GRAFT-prune-only")
+    ap.add_argument("--methods", default="none,NGRAM,EAGLE3-tree,EAGLE3-chain,GRAFT,GRAFT-sam,GRAFT-recycle,GRAFT-auto,"
+                    "GRAFT-prune-only,GRAFT-fixed")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE ARGS",
                     help="an extra method: BASE (a method name) with server ARGS added, e.g. "
                     "'recycle-shared=GRAFT-recycle --speculative-graft-recycle-scope shared'; repeatable")
@@ -184,16 +196,18 @@ def main() -> None:
     log_dir = out_dir / "server-logs"
     log_dir.mkdir(exist_ok=True)
     t_start = time.time()
-    def measure(name: str) -> dict[str, Cell]:
+    def measure(name: str):
         t0 = time.time()
-        cells = run_method(table[name], args.model, args.draft, args.dtype, prompts, args.max_new_tokens,
-                           args.temperature, log_dir)
+        out = run_method(table[name], args.model, args.draft, args.dtype, prompts, args.max_new_tokens,
+                         args.temperature, log_dir)
         print(f"[spec_bench] {name}: {len(prompts)} prompts in {time.time() - t0:.0f} s (server start included)",
               flush=True)
-        return cells
+        return out
 
     with ThreadPoolExecutor(max_workers=args.lanes) as pool:  # each lane: one server, batch size 1
-        measured = dict(zip(chosen, pool.map(measure, chosen)))
+        runs = dict(zip(chosen, pool.map(measure, chosen)))
+    measured = {name: cells for name, (cells, _) in runs.items()}
+    economy = {name: eco for name, (_, eco) in runs.items() if eco}
 
     base = measured["none"]
     results = []
@@ -208,14 +222,18 @@ def main() -> None:
                 "tau": c.tokens / c.verify_steps if name != "none" else 1.0,
                 "tok_per_s": tps, "speedup": tps / (b.tokens / b.seconds),
                 "retrieval_share": c.retrieved / drafted if drafted else 0.0,
-                "draft_steps": table[name].draft_steps,
-                "verify_tokens": 1 if name == "none" else args.num_draft_tokens,
+                # draft model forward passes per step: the draft extend plus the draft loop's passes
+                # (measured for GRAFT, whose loop stops early; configured for the others)
+                "draft_passes": (1 + economy[name]["mean_draft_passes"]) if name in economy
+                else table[name].draft_steps,
+                "verify_tokens": _mean_budget(economy[name]) if name in economy
+                else (1 if name == "none" else args.num_draft_tokens),
                 "identical": identical, "tokens": c.tokens,
             })
-    report = {"results": results, "config": {k: _portable(v) for k, v in vars(args).items()},
-              "wall_s": round(time.time() - t_start, 1)}
+    report = {"results": results, "economy": economy,
+              "config": {k: _portable(v) for k, v in vars(args).items()}, "wall_s": round(time.time() - t_start, 1)}
     args.json.write_text(json.dumps(report, indent=2))
-    md = render_markdown(results)
+    md = render_markdown(results) + render_economy(economy)
     args.json.with_suffix(".md").write_text(md)
     print(md)
     plot(results, args.json.with_suffix(".png"))
@@ -223,6 +241,39 @@ def main() -> None:
         bad = [(r["method"], r["category"]) for r in results if not r["identical"]]
         if bad:
             sys.exit(f"outputs differ from no speculation at T=0 in float32: {bad}")
+
+
+def _mean_budget(eco: dict) -> float:
+    hist = {int(k): v for k, v in eco["budget_histogram"].items()}
+    steps = sum(hist.values())
+    return sum(k * v for k, v in hist.items()) / steps if steps else 0.0
+
+
+def render_economy(economy: dict) -> str:
+    """Where a GRAFT step's time goes, how deep it drafts, which budgets it verifies."""
+    if not economy:
+        return ""
+    from sglang_graft.budget import PHASES
+
+    lines = ["", "Step-time breakdown (ms per decode step, whole run; `other` = SGLang's bookkeeping and "
+             "feeding retrieval) and draft passes:", "",
+             "| method | steps | " + " | ".join(PHASES) + " | total | draft passes / step | steps without a draft pass |",
+             "|---|---|" + "---|" * (len(PHASES) + 3)]
+    for name, eco in economy.items():
+        ms = eco["step_time"]["phase_ms_per_step"]
+        lines.append(f"| {name} | {eco['steps']} | " + " | ".join(f"{ms[p]:.1f}" for p in PHASES)
+                     + f" | {sum(ms.values()):.1f} | {eco['mean_draft_passes']:.2f} | "
+                     f"{eco['skipped_drafts'] / max(1, eco['steps']):.0%} |")
+    budgets = sorted({int(k) for eco in economy.values() for k in eco["budget_histogram"]})
+    lines += ["", "Verify budgets chosen (share of decode steps):", "",
+              "| method | " + " | ".join(f"N={b}" for b in budgets) + " | mean N |",
+              "|---|" + "---|" * (len(budgets) + 1)]
+    for name, eco in economy.items():
+        hist = {int(k): v for k, v in eco["budget_histogram"].items()}
+        steps = max(1, sum(hist.values()))
+        lines.append(f"| {name} | " + " | ".join(f"{hist.get(b, 0) / steps:.0%}" for b in budgets)
+                     + f" | {_mean_budget(eco):.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _portable(value) -> str:

@@ -193,3 +193,25 @@ def test_standin_serves_sgl_kernel_and_names_missing_ops_at_call_time():
     missing = sgl_kernel.some_cuda_only_op  # importable, as SGLang's module-level imports need
     with pytest.raises(NotImplementedError, match="sgl_kernel.some_cuda_only_op"):
         missing()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8])
+def test_small_batch_lm_head_is_the_same_product_and_contiguous(rows):
+    from types import SimpleNamespace
+
+    from sglang_graft.sglang.cpu import _lm_head_small_batch
+
+    g = torch.Generator().manual_seed(rows)
+    lm_head = SimpleNamespace(weight=torch.randn(300, 16, generator=g))
+    hidden = torch.randn(rows, 16, generator=g)
+    processor = SimpleNamespace(use_fp32_lm_head=False, rl_on_policy_target=None)
+    calls = []
+
+    def original(proc, h, head, bias=None, **kw):
+        calls.append(h.shape[0])
+        return torch.matmul(h, head.weight.T)
+
+    out = _lm_head_small_batch(original, processor, hidden, lm_head, None, out=None)
+    torch.testing.assert_close(out, hidden @ lm_head.weight.T)
+    assert out.is_contiguous()  # grammar masks are applied to logits in place
+    assert calls == ([] if 2 <= rows <= 7 else [rows])

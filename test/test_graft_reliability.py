@@ -282,7 +282,9 @@ def test_sampled_token_distribution_matches_no_speculation(graft_server, plain_s
 
 def test_isolated_recycling_scope_keeps_requests_independent(tiny_models, server_logs):
     """B, then A (other content), then B again: with per-request scopes B's per-step acceptance
-    is identical; with one shared matrix B's second run profits from what the first taught it."""
+    is identical; with one shared matrix B's second run profits from what the first taught it.
+    (Fixed budget: the cost-aware budget also follows the server's measured step times and its
+    acceptance calibration, statistics over all requests, so its tree sizes vary with load.)"""
     b_prompt = "for i in range(10):\n    for j in range(10):\n        for k in range(10):\n"
     a_prompt = "SELECT name FROM users WHERE id = 1; SELECT name FROM users WHERE id = 2;"
 
@@ -295,7 +297,7 @@ def test_isolated_recycling_scope_keeps_requests_independent(tiny_models, server
     results = {}
     for scope in ("request", "shared"):
         args = _graft(tiny_models, "--speculative-graft-source", "recycle", "--speculative-graft-recycle-scope", scope,
-                      "--speculative-graft-per-step-metrics")
+                      "--speculative-graft-per-step-metrics", "--speculative-graft-budget", "fixed")
         with SGLangServer(tiny_models["llama"], args, log_path=server_logs / f"reliability-scope-{scope}.log") as srv:
             first = steps(srv, b_prompt)
             steps(srv, a_prompt)

@@ -15,9 +15,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.server
-METHODS = {"none", "NGRAM", "EAGLE3-tree", "EAGLE3-chain", "GRAFT-sam", "GRAFT-recycle", "GRAFT-auto",
-           "GRAFT-prune-only"}
-KEYS = ("method", "category", "tau", "tok_per_s", "speedup", "retrieval_share", "identical", "draft_steps",
+METHODS = {"none", "NGRAM", "EAGLE3-tree", "EAGLE3-chain", "GRAFT", "GRAFT-sam", "GRAFT-recycle", "GRAFT-auto",
+           "GRAFT-prune-only", "GRAFT-fixed"}
+GRAFT_METHODS = {m for m in METHODS if m.startswith("GRAFT")}
+KEYS = ("method", "category", "tau", "tok_per_s", "speedup", "retrieval_share", "identical", "draft_passes",
         "verify_tokens")
 
 
@@ -31,7 +32,13 @@ def _run_bench(args: list[str], out: Path, timeout: float) -> dict:
     for r in report["results"]:
         assert all(key in r for key in KEYS), r
         assert r["tau"] >= 1.0 and r["tok_per_s"] > 0
-    assert out.with_suffix(".md").read_text().startswith("| method |")
+    md = out.with_suffix(".md").read_text()
+    assert md.startswith("| method |") and "Step-time breakdown" in md and "Verify budgets chosen" in md
+    assert set(report["economy"]) == GRAFT_METHODS
+    for name, eco in report["economy"].items():
+        assert eco["steps"] > 0 and sum(eco["budget_histogram"].values()) == eco["steps"], name
+        assert set(eco["step_time"]["phase_ms_per_step"]) == {"draft", "retrieval", "tree", "verify",
+                                                             "draft_extend", "other"}
     assert out.with_suffix(".png").stat().st_size > 0
     return report
 

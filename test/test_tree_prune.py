@@ -61,8 +61,9 @@ def test_config_validation():
         PruneConfig(checkpoint_depths=(1, 0), thresholds=(0.1, 0.1), keep_per_stage=(1, 2))
     with pytest.raises(ValueError):
         PruneConfig(keep_per_stage=(8, -1, 3))
-    with pytest.raises(ValueError, match="draft steps"):
-        prune_by_confidence(random_pool(1, 2, 3, 20, seed=0), PruneConfig(), 16)  # checkpoint at depth 5
+    # a checkpoint the draft did not reach (depth 5 of a 3-step draft) fails
+    pruned = prune_by_confidence(random_pool(1, 2, 3, 20, seed=0), PruneConfig(thresholds=(0.0, 0.0, 0.0)), 16)
+    assert pruned.stage.tolist() == [2]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -155,3 +156,18 @@ def test_keep_is_ancestor_closed_with_tied_and_non_monotone_scores(seed, k):
         keep = keep_best_draft_nodes(weird, torch.full((2,), k))
         assert keep.sum(1).tolist() == [min(k, pool.size)] * 2
         _assert_ancestor_closed(pool, keep)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(0, 20), limits=st.lists(st.integers(0, 3), min_size=3, max_size=3))
+def test_keep_override_and_depth_limit(seed, k, limits):
+    pool = random_pool(3, 3, 4, 12, seed)
+    config = PruneConfig(checkpoint_depths=(0,), thresholds=(0.5,), keep_per_stage=(2,))
+    limit = torch.tensor(limits)
+    pruned = prune_by_confidence(pool, config, 16, num_keep=torch.full((3,), k), depth_limit=limit)
+    keep = pruned.keep
+    _assert_ancestor_closed(pool, keep)
+    for b in range(3):
+        allowed = [m for m in range(pool.size) if int(pool.depths[b, m]) <= limits[b]]
+        order = sorted(allowed, key=lambda m: (-float(pool.scores[b, m]), m))
+        assert set(order[: min(k, 15)]) == set(torch.nonzero(keep[b]).flatten().tolist())

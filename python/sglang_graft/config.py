@@ -29,6 +29,8 @@ PLACEMENTS = ("root", "deepest_draft")
 # Who shares a recycling matrix: everybody, requests with the same tenant key
 # (``cache_salt``, else ``extra_key``; a request with neither is alone), or nobody.
 RECYCLE_SCOPES = ("shared", "tenant", "request")
+# How the verify budget is chosen: per step from measured costs and calibrated node values, or fixed.
+BUDGET_MODES = ("cost", "fixed")
 
 
 @dataclass(frozen=True)
@@ -53,12 +55,32 @@ class GraftConfig:
     recycle_scope: str = "tenant"  # who shares a recycling matrix (see RECYCLE_SCOPES)
     auto_match_threshold: int = 4  # auto: suffix match length from which sam is used
     per_step_metrics: bool = False  # per verify step GRAFT fields in responses (else aggregates)
+    budget: str = "cost"  # cost: per-step budget, draft only what pays; fixed: N every step, every draft pass
+    budgets: Tuple[int, ...] = ()  # verify budgets a step may choose; empty = 1, 2, 4, ... below N, and N
+    skip_draft_tokens: float = 3.0  # retrieval alone expects this many accepted tokens: no draft passes
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:
         """Checkpoint depths for a draft of ``num_steps`` levels (depths 0..num_steps-1)."""
         if self.checkpoint_depths:
             return tuple(self.checkpoint_depths)
         return tuple(sorted({min(d, num_steps - 1) for d in PAPER_CHECKPOINT_DEPTHS}))
+
+    def resolved_budgets(self, num_nodes: int) -> Tuple[int, ...]:
+        """Verify budgets a step may use (ascending, ending at ``num_nodes``, the largest);
+        ``fixed`` mode: only ``num_nodes``.
+
+        Example: ``N = 16`` gives ``(1, 2, 4, 8, 16)``; ``N = 12`` gives ``(1, 2, 4, 8, 12)``.
+        """
+        if self.budget == "fixed":
+            return (num_nodes,)
+        if self.budgets:
+            return tuple(sorted(set(self.budgets)))
+        out = {num_nodes}
+        b = 1
+        while b < num_nodes:
+            out.add(b)
+            b *= 2
+        return tuple(sorted(out))
 
     def prune_config(self, num_nodes: int, num_steps: int) -> PruneConfig:
         """The tree core's :class:`PruneConfig` for budget ``N`` and a ``num_steps``-level draft.
@@ -107,6 +129,15 @@ _FLAGS: dict[str, dict[str, Any]] = {
                           "alone), or each request alone (request). Learned from verify logits, a shared matrix "
                           "lets one request's proposals depend on another's content."),
     "auto_match_threshold": dict(type=int, help="auto source: suffix match length from which sam is used."),
+    "budget": dict(choices=BUDGET_MODES, help="cost: each step picks the verify budget (from --speculative-graft-"
+                   "budgets) with the most expected committed tokens per second, from costs measured on this device "
+                   "and node acceptance calibrated online, and drafts deeper only while it pays; fixed: "
+                   "--speculative-num-draft-tokens every step, every draft pass (reproducible comparisons)."),
+    "budgets": dict(type=int, nargs="+", help="Verify budgets (root included) a step may choose in cost mode; the "
+                    "largest must be --speculative-num-draft-tokens (default: 1, 2, 4, ... below it, and it). "
+                    "Budget 1 is a plain decode step."),
+    "skip_draft_tokens": dict(type=float, help="cost mode: a request whose retrieved tree alone is expected to "
+                              "have this many tokens accepted needs no draft pass."),
     "per_step_metrics": dict(action=argparse.BooleanOptionalAction, help="Report GRAFT's counts per verify step "
                              "in each response's meta_info (per-step acceptance patterns can fingerprint content); "
                              "by default responses carry per-request totals."),
@@ -151,6 +182,16 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
     if cfg.recycle_scope not in RECYCLE_SCOPES:
         raise ValueError(f"{flag_name('recycle_scope')} must be one of {', '.join(RECYCLE_SCOPES)}, "
                          f"got {cfg.recycle_scope!r}")
+    if cfg.budget not in BUDGET_MODES:
+        raise ValueError(f"{flag_name('budget')} must be one of {', '.join(BUDGET_MODES)}, got {cfg.budget!r}")
+    if cfg.budget == "cost" and cfg.placement != "root":
+        raise ValueError(f"{flag_name('placement')} {cfg.placement} needs {flag_name('budget')} fixed "
+                         "(cost-aware steps retrieve under the root, before the draft)")
+    if cfg.budgets and (min(cfg.budgets) < 1 or max(cfg.budgets) != num_nodes):
+        raise ValueError(f"{flag_name('budgets')} must be >= 1 and end at --speculative-num-draft-tokens "
+                         f"{num_nodes}, got {list(cfg.budgets)}")
+    if cfg.skip_draft_tokens < 0:
+        raise ValueError(f"{flag_name('skip_draft_tokens')} must be >= 0, got {cfg.skip_draft_tokens}")
     if cfg.placement == "deepest_draft" and cfg.source not in ("recycle", "none"):
         raise ValueError(f"{flag_name('placement')} deepest_draft needs {flag_name('source')} recycle "
                          "(the per-request store proposes continuations of the committed context only)")

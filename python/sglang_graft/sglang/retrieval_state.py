@@ -183,30 +183,69 @@ class GraftRetrieval:
 
     def propose(self, rids: Sequence[Hashable], anchor_tokens: torch.Tensor,
                 scopes: Optional[torch.Tensor] = None) -> RetrievalProposals:
-        """Padded proposals ``[bs, R]`` hanging under each request's anchor token."""
+        """Padded proposals ``[bs, R]`` hanging under each request's anchor token (``auto``: the
+        store where its suffix match is long enough, else the recycling matrix)."""
+        return self.propose_scored(rids, anchor_tokens, scopes)[0]
+
+    def propose_scored(self, rids: Sequence[Hashable], anchor_tokens: torch.Tensor,
+                       scopes: Optional[torch.Tensor] = None, calibration=None,
+                       union: bool = False) -> tuple[RetrievalProposals, torch.Tensor]:
+        """Proposals and each node's calibration bin (``[bs, R]``, zeros without ``calibration``).
+
+        ``union``: with source ``auto``, both sources' trees side by side (``R`` is their sum;
+        a node both propose under the same path is kept once, by graft) instead of one source
+        per request chosen by the match-length threshold.
+        """
         bs = len(rids)
         if self.cfg.source == "none":
-            return RetrievalProposals.empty(bs, self.device)
+            empty = RetrievalProposals.empty(bs, self.device)
+            return empty, torch.zeros((bs, 0), dtype=torch.int64, device=self.device)
         parts = []
         if self.store is not None:
             trees = self.store.propose(rids, self.cfg.retrieval_max_depth, self.num_nodes - 1)
-            parts.append(stack_trees(trees, self.width, device=self.device))
+            width = self.num_nodes - 1 if union else self.width
+            tok, par, sc, va = stack_trees(trees, width, device=self.device)
+            bins = torch.zeros_like(tok)
+            match = None
+            if calibration is not None or (self.matrix is not None and not union):
+                match = torch.tensor([self.store.match_length(rid) for rid in rids], device=self.device)
+            if calibration is not None:
+                bins = calibration.sam_bins(torch.where(va, sc, 1e-12), match)
+            parts.append((tok, par, sc, va, bins))
         if self.matrix is not None:
             tok, par, sc, va = self.matrix.propose_padded(anchor_tokens.to(torch.int64), scopes=scopes)
-            pad = self.width - tok.shape[1]
+            bins = torch.zeros_like(tok)
+            if calibration is not None:
+                depth = self._template_depth().expand_as(tok)
+                bins = calibration.recycle_bins(depth, -sc.clamp(min=-1e6))
+            pad = (self.width - tok.shape[1]) if not union else 0
             if pad:
-                tok = torch.nn.functional.pad(tok, (0, pad))
+                tok, bins = (torch.nn.functional.pad(x, (0, pad)) for x in (tok, bins))
                 par = torch.nn.functional.pad(par, (0, pad), value=-1)
                 sc = torch.nn.functional.pad(sc, (0, pad), value=float("-inf"))
                 va = torch.nn.functional.pad(va, (0, pad), value=False)
-            parts.append((tok, par, sc, va))
+            parts.append((tok, par, sc, va, bins))
         if len(parts) == 1:
-            tok, par, sc, va = parts[0]
+            tok, par, sc, va, bins = parts[0]
+        elif union:
+            (t1, p1, s1, v1, b1), (t2, p2, s2, v2, b2) = parts
+            p2 = torch.where(p2 >= 0, p2 + t1.shape[1], p2)
+            tok, par, sc, va, bins = (torch.cat(x, dim=1) for x in ((t1, t2), (p1, p2), (s1, s2), (v1, v2), (b1, b2)))
         else:  # auto: the store where its match is long enough, else the recycling matrix
-            use_sam = torch.tensor([self.store.match_length(rid) >= self.cfg.auto_match_threshold for rid in rids],
-                                   device=self.device)[:, None]
-            tok, par, sc, va = (torch.where(use_sam, a, b) for a, b in zip(parts[0], parts[1]))
-        return RetrievalProposals(tokens=tok, parents=par, scores=sc, valid=va)
+            use_sam = (match >= self.cfg.auto_match_threshold)[:, None]
+            tok, par, sc, va, bins = (torch.where(use_sam, a, b) for a, b in zip(parts[0], parts[1]))
+        return RetrievalProposals(tokens=tok, parents=par, scores=sc, valid=va), bins
+
+    def _template_depth(self) -> torch.Tensor:
+        """``[1, K]`` depth (1 = child of the anchor) of each recycling template node."""
+        if getattr(self, "_depth_cache", None) is None:
+            template = self.matrix.template()
+            offsets = template.depth_offsets.tolist()
+            depth = torch.zeros(len(template), dtype=torch.int64)
+            for d in range(len(offsets) - 1):
+                depth[offsets[d]: offsets[d + 1]] = d + 1
+            self._depth_cache = depth.to(self.device)[None, :]
+        return self._depth_cache
 
     # -- after verify ----------------------------------------------------------------------------
     def commit(self, rids: Sequence[Hashable], accepted: list[list[int]]) -> None:

@@ -98,6 +98,18 @@ TREE_SAMPLING = Seam(f"{_SW}.eagle_utils.tree_speculative_sampling_target_only",
 TOP_K_RENORM = Seam(f"{_SW}.eagle_utils.top_k_renorm_prob", "renormalise top-k target probabilities on CPU")
 TOP_P_RENORM = Seam(f"{_SW}.eagle_utils.top_p_renorm_prob", "renormalise top-p target probabilities on CPU")
 
+SELECT_TOP_K = Seam(f"{_SW}.eagle_worker_v2.select_top_k_tokens",
+                    "record each draft level as it is drafted (to stop drafting where no request needs more)")
+SELECT_LATER = Seam(f"{_SW}.spec_utils._select_top_k_tokens_later",
+                    "run draft levels 1+ eagerly on CPU: torch.compile specialises on the level index, so a draft "
+                    "that stops at varying depths recompiles (about a second each) in the middle of serving")
+PREPARE_FOR_DRAFT = Seam(f"{_SW}.eagle_worker_v2.prepare_for_draft",
+                         "keep the draft's KV plan when drafting stops early")
+GRAPH_BACKEND_CHECK = Seam(f"{_SW}.eagle_worker_v2.check_cuda_graph_backend",
+                           "build budget states without verify graphs where the server has none (CPU)")
+SPEC_RUNTIME_STATE = Seam(f"{_SW}.adaptive_runtime_state.SpecRuntimeState",
+                          "hold one verify budget's attention backends and graphs")
+
 # -- hooks (HookRegistry) ---------------------------------------------------------------------------
 ADD_CLI_ARGS = Seam("sglang.srt.server_args.ServerArgs.add_cli_args", "add the --speculative-graft-* flags")
 FROM_CLI_ARGS = Seam("sglang.srt.server_args.ServerArgs.from_cli_args",
@@ -114,13 +126,23 @@ FREEZE_GC = Seam("sglang.srt.entrypoints.http_server._freeze_gc_after_server_war
                  "post /freeze_gc only once the HTTP server listens (no traceback at start)")
 CPU_BACKEND_FALLBACK = Seam("sglang.srt.arg_groups.overrides._attention_backend_platform_fallbacks",
                             "keep the intel_amx backend (tree verify) on CPUs without AMX")
+CPU_LM_HEAD = Seam("sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
+                   "compute the lm_head of 2-7 rows as W @ h^T on CPU (torch's h @ W^T is 2-3x slower there)")
+LM_HEAD_USES_QUANT_METHOD = Seam("sglang.srt.layers.logits_processor.should_apply_lm_head_quant_method",
+                                 "tell the plain lm_head matmul branch from the others")
+USES_AMX = Seam("sglang.srt.utils.common.use_intel_amx_backend", "tell the plain lm_head matmul branch from AMX's")
 HOOKS_APPLIED = Seam("sglang.srt.plugins.hook_registry.HookRegistry._patched",
                      "check that every GRAFT hook was applied")
 
 # -- overrides: SGLang methods GRAFT's worker classes override ---------------------------------------
 PREFILL_BATCH = Seam(f"{_SW}.eagle_worker_v2.EAGLEWorkerV2._forward_prefill_batch",
                      "admit requests to retrieval while they are prefilled")
-WORKER_OVERRIDES = ("verify", "_forward_prefill_batch")
+WORKER_OVERRIDES = ("verify", "_forward_prefill_batch", "forward_batch_generation", "init_cuda_graphs")
+DRAFT_CONTEXTS = tuple(Seam(f"{_SW}.eagle_worker_v2.{name}", "build budget states as SGLang builds its adaptive ones")
+                       for name in ("draft_tp_context", "speculative_moe_backend_context",
+                                    "speculative_moe_a2a_backend_context"))
+BUILD_RUNTIME_STATE = Seam(f"{_SW}.eagle_worker_v2.EAGLEWorkerV2.build_adaptive_runtime_state",
+                           "build each verify budget's attention backends and verify graph")
 DRAFT_WORKER_OVERRIDES = ("draft", "_capture_cuda_graphs", "_draft_extend_for_decode", "_rebuild_topk1_chain_buffers")
 
 # -- attributes -------------------------------------------------------------------------------------

@@ -1,21 +1,21 @@
 """``GraftWorkerV2``: SGLang's EAGLE V2 worker with GRAFT's tree in place of the dense top-N tree.
 
 SGLang's ``EAGLEWorkerV2.forward_batch_generation`` drives every step, unchanged. GRAFT's decode
-step, per batch:
+step, per batch (the decisions live in :mod:`sglang_graft.sglang.step`):
 
-1. **draft** (:meth:`GraftDraftWorker.draft`): SGLang's own EAGLE-3 draft loop; the whole
-   candidate pool is read where ``organize_draft_results`` would select from it (a chain draft,
-   ``topk = 1``, with the draft's real probabilities: SGLang reports 1.0 there);
-2. **build the tree** (:meth:`GraftDraftWorker._build_verify_input`): the tree core's
-   ``build_graft_tree`` (prune -> retrieve -> graft -> flatten), the same call the tests make;
-3. **verify** (:meth:`GraftWorkerV2.verify`): SGLang's ``run_eagle_verify`` with the generic tree
-   commit (accepted-path compaction), ``max_tree_depth = N``, ``tree_topk = -1``;
-4. **feed retrieval** (:meth:`GraftWorkerV2._feed`): committed tokens to the request's store,
-   verify logits of every real node to the recycling matrix, counts to the metrics;
+1. **retrieve** (:meth:`GraftDraftWorker.draft`): proposals under each request's root, valued;
+2. **draft** SGLang's own EAGLE-3 loop, one level at a time while a level still pays (a
+   checkpoint passes, retrieval is not already confident, the cost model agrees); the candidate
+   pool is read where SGLang would select from it (a chain draft with its real probabilities);
+3. **build the tree** (:meth:`GraftDraftWorker._build_verify_input`): the verify budget with the
+   most expected tokens per second, then the tree core's ``build_graft_tree``;
+4. **verify** (:meth:`GraftWorkerV2.verify`): SGLang's ``run_eagle_verify`` with the generic tree
+   commit, ``max_tree_depth = N``, ``tree_topk = -1``;
+5. **feed** (:meth:`GraftWorkerV2._feed`): committed tokens to the stores, verify logits to the
+   recycling matrix, accepted nodes to the calibration, step times to the cost model;
 
 then SGLang's draft extend. At prefill, :meth:`GraftWorkerV2._forward_prefill_batch` admits the
-requests to retrieval (their tokens are indexed chunk by chunk). Every SGLang internal used here
-comes from :mod:`sglang_graft.sglang.seams`.
+requests to retrieval. Every SGLang internal used here comes from :mod:`sglang_graft.sglang.seams`.
 """
 
 from __future__ import annotations
@@ -31,13 +31,8 @@ from sglang_graft.config import GraftConfig
 from sglang_graft.sglang import sampling, seams
 from sglang_graft.sglang.metrics import maybe_prometheus
 from sglang_graft.sglang.retrieval_state import GraftRetrieval, NotAdmittedError
-from sglang_graft.tree import (
-    TreeMaskMode,
-    build_graft_tree,
-    chain_pool,
-    draft_pool_from_sglang,
-    encode_tree_mask,
-)
+from sglang_graft.sglang.step import GraftStepper, StepPlan
+from sglang_graft.tree import DraftPool, TreeMaskMode, chain_pool, draft_pool_from_sglang, encode_tree_mask
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +50,7 @@ class GraftStepInfo:
     stage: torch.Tensor  # [bs] pruning stage
     retrieval_only: torch.Tensor  # [bs, N] node proposed by retrieval and not by the draft
     verified_nodes: torch.Tensor  # [bs, N] root and linked nodes (padding excluded)
+    node_bins: torch.Tensor  # [bs, N] calibration bin of every node
     scopes: Optional[torch.Tensor]  # [bs] recycling-matrix scope of each request
 
 
@@ -73,31 +69,78 @@ class GraftVerifyInput(EagleVerifyInput):
         return -1
 
 
+class _StopDraft(Exception):
+    """Raised before a draft pass that no request needs (dynamic depth)."""
+
+
 def _max_prob(logits: torch.Tensor) -> torch.Tensor:
     """``[rows]`` probability of each row's argmax token (what a chain draft picks)."""
     return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
 
 
 class _DraftRecorder:
-    """What SGLang's draft loop computed and then hides: the per-step candidate lists (in place of
-    ``organize_draft_results``, whose top-N selection GRAFT does not use) and, for a chain draft,
-    the draft's probability of each step (from the draft model's logits)."""
+    """What SGLang's draft loop computes and then hides, level by level: the candidate lists (in
+    place of ``organize_draft_results``, whose top-N selection GRAFT does not use), a chain draft's
+    tokens and probabilities, and the KV plan of ``prepare_for_draft``; before each draft pass it
+    asks the stepper whether the pass is worth running."""
 
-    def __init__(self) -> None:
-        self.lists: Optional[tuple] = None
-        self.step_probs: list[torch.Tensor] = []
+    def __init__(self, stepper: GraftStepper, plan: Optional[StepPlan], topk: int, first_probs) -> None:
+        self.stepper, self.plan, self.topk = stepper, plan, topk
+        self.lists: tuple[list, list, list] = ([], [], [])
+        self.chain_tokens: list[torch.Tensor] = []
+        self.chain_probs: list[torch.Tensor] = [first_probs] if first_probs is not None else []
+        self.kv_loc_plan = None
 
-    def organize(self, score_list, token_list, parents_list, num_draft_token):
-        self.lists = (score_list, token_list, parents_list)
-        return None, None, torch.cat(token_list, dim=1)
-
-    def record_forward(self, forward: Callable) -> Callable:
+    def select(self, select: Callable) -> Callable:
         def recorded(*args, **kwargs):
-            out = forward(*args, **kwargs)
-            self.step_probs.append(_max_prob(out.logits_output.next_token_logits))
+            out = select(*args, **kwargs)
+            for lst, x in zip(self.lists, out[3]):
+                lst.append(x)
             return out
 
         return recorded
+
+    def prepare(self, prepare: Callable) -> Callable:
+        def recorded(*args, **kwargs):
+            out = prepare(*args, **kwargs)
+            self.kv_loc_plan = out[2]
+            return out
+
+        return recorded
+
+    def organize(self, score_list, token_list, parents_list, num_draft_token):
+        return None, None, torch.cat(token_list, dim=1)
+
+    def forward(self, forward: Callable) -> Callable:
+        def recorded(forward_batch, *args, **kwargs):
+            if self.topk == 1:
+                self.chain_tokens.append(forward_batch.input_ids.reshape(-1).to(torch.int64))
+            if self.plan is not None and not self.stepper.keep_drafting(self.plan, self.pool()):
+                raise _StopDraft
+            with self.stepper.timer.phase("draft"):
+                out = forward(forward_batch, *args, **kwargs)
+            if self.topk == 1:
+                self.chain_probs.append(_max_prob(out.logits_output.next_token_logits))
+            return out
+
+        return recorded
+
+    def pool(self, draft_tokens: Optional[torch.Tensor] = None) -> DraftPool:
+        """The candidates drafted so far (``draft_tokens``: a chain draft that ran to the end)."""
+        if self.topk > 1:
+            if not self.lists[0]:
+                raise seams.SELECT_TOP_K.error("recorded no draft level; the draft's candidate pool is unreadable")
+            return draft_pool_from_sglang(*self.lists, topk=self.topk, num_steps=len(self.lists[0]))
+        if draft_tokens is not None:
+            tokens = draft_tokens.to(torch.int64)
+        else:
+            tokens = torch.stack(self.chain_tokens, dim=1)
+        steps = tokens.shape[1]
+        if len(self.chain_probs) < steps:
+            raise seams.Seam(f"{seams.EAGLE_DRAFT_WORKER.target}.{seams.DRAFT_RUNNER_FORWARD}",
+                             "read the chain draft's probabilities").error(
+                f"{len(self.chain_probs)} probabilities for {steps} chain tokens")
+        return chain_pool(tokens, torch.stack(self.chain_probs[:steps], dim=1))
 
 
 class GraftDraftWorker(EagleDraftWorker):
@@ -105,6 +148,8 @@ class GraftDraftWorker(EagleDraftWorker):
 
     graft_cfg: GraftConfig
     retrieval: GraftRetrieval
+    stepper: GraftStepper
+    use_budget: Callable[[int], None]
 
     def _capture_cuda_graphs(self):
         super()._capture_cuda_graphs()
@@ -124,26 +169,56 @@ class GraftDraftWorker(EagleDraftWorker):
             self.speculative_num_draft_tokens = num_nodes
 
     def draft(self, batch, *, with_topology: bool = False):
-        recorder = _DraftRecorder()
         idle = batch.forward_mode.is_idle()
+        plan = None
+        if not idle:
+            rids = [r.rid for r in batch.reqs]
+            root = batch.spec_info.bonus_tokens.to(torch.int64)
+            self._prepare_retrieval(rids, root)
+            plan = self.stepper.begin(rids, root)
+        first = batch.spec_info.topk_p[:, 0].float() if self.topk == 1 and not idle else None
+        recorder = _DraftRecorder(self.stepper, plan, self.topk, first)
 
         def build_verify_input(*args, **kwargs):
-            return self._build_verify_input(recorder, *args, **kwargs)
+            return self._build_verify_input(recorder, plan, *args, **kwargs)
 
+        where = f"{seams.EAGLE_DRAFT_WORKER.target}.{seams.DRAFT_RUNNER_FORWARD}"
         with contextlib.ExitStack() as stack:
             stack.enter_context(seams.swapped(seams.ORGANIZE_DRAFT_RESULTS, recorder.organize))
-            stack.enter_context(seams.swapped(seams.BUILD_VERIFY_INPUT, build_verify_input, required=True))
-            if self.topk == 1 and not idle:
-                stack.enter_context(seams.wrapped_attribute(
-                    self.draft_runner, "forward", recorder.record_forward,
-                    f"{seams.EAGLE_DRAFT_WORKER.target}.{seams.DRAFT_RUNNER_FORWARD}"))
-            return super().draft(batch, with_topology=with_topology)
+            stack.enter_context(seams.swapped(seams.SELECT_TOP_K, recorder.select(seams.SELECT_TOP_K.resolve())))
+            stack.enter_context(seams.swapped(seams.PREPARE_FOR_DRAFT, recorder.prepare(seams.PREPARE_FOR_DRAFT.resolve())))
+            calls = stack.enter_context(seams.swapped(seams.BUILD_VERIFY_INPUT, build_verify_input))
+            if not idle:
+                stack.enter_context(seams.wrapped_attribute(self.draft_runner, "forward", recorder.forward, where))
+            if is_cpu():
+                later = seams.SELECT_LATER.resolve()
+                stack.enter_context(seams.swapped(seams.SELECT_LATER, getattr(later, "_torchdynamo_orig_callable", later)))
+            try:
+                verify_input = super().draft(batch, with_topology=with_topology)
+            except _StopDraft:
+                verify_input = None
+        if verify_input is None:  # drafting stopped before a pass: SGLang's draft() tail, with the pool so far
+            verify_input = self._build_verify_input(
+                recorder, plan, batch, batch.spec_info, None, None, None, None, target_worker=self.target_worker,
+                topk=self.topk, num_steps=self.speculative_num_steps,
+                num_draft_tokens=self.speculative_num_draft_tokens, tree_mask_mode=self.tree_mask_mode,
+                device=self.device)
+            if recorder.kv_loc_plan is not None:
+                verify_input.kv_loc_plan = recorder.kv_loc_plan
+                verify_input.prepared_out_cache_loc = recorder.kv_loc_plan.write_virtual
+        elif calls.count == 0:
+            calls.require()
+        return verify_input
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
         """SGLang's draft extend; a chain draft's first-level probability then replaces the 1.0
         SGLang reports (GRAFT's first checkpoint reads it)."""
-        if self.topk != 1:
-            return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
+        with self.stepper.timer.phase("draft_extend"):
+            if self.topk != 1:
+                return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
+            return self._chain_draft_extend(batch, batch_result, **kwargs)
+
+    def _chain_draft_extend(self, batch, batch_result, **kwargs):
         outputs = []
 
         def record(call: Callable, logits_of: Callable) -> Callable:
@@ -173,37 +248,26 @@ class GraftDraftWorker(EagleDraftWorker):
         nxt.topk_p = _max_prob(logits).unsqueeze(1)
         return result
 
-    def _draft_pool(self, recorder: _DraftRecorder, draft_input, draft_tokens, topk: int, num_steps: int):
-        if topk > 1:
-            if recorder.lists is None:
-                raise seams.ORGANIZE_DRAFT_RESULTS.error("was not called; the draft's candidate pool is unreadable")
-            return draft_pool_from_sglang(*recorder.lists, topk=topk, num_steps=num_steps)
-        if len(recorder.step_probs) != num_steps - 1:
-            raise seams.Seam(f"{seams.EAGLE_DRAFT_WORKER.target}.{seams.DRAFT_RUNNER_FORWARD}",
-                             "read the chain draft's probabilities").error(
-                f"called {len(recorder.step_probs)} times for {num_steps} draft steps")
-        probs = torch.stack([draft_input.topk_p[:, 0].float(), *recorder.step_probs], dim=1)
-        return chain_pool(draft_tokens, probs)
-
-    def _build_verify_input(self, recorder, batch, draft_input, parent_list, top_scores_index,
-                            draft_tokens, draft_probs, *, target_worker, topk, num_steps,
-                            num_draft_tokens, tree_mask_mode, device):
-        num_nodes = num_draft_tokens
+    def _build_verify_input(self, recorder: _DraftRecorder, plan: Optional[StepPlan], batch, draft_input,
+                            parent_list, top_scores_index, draft_tokens, draft_probs, *, target_worker, topk,
+                            num_steps, num_draft_tokens, tree_mask_mode, device):
         if batch.forward_mode.is_idle():
-            return GraftVerifyInput.create_idle_input(topk, num_steps, num_nodes, device)
-        pool = self._draft_pool(recorder, draft_input, draft_tokens, topk, num_steps)
-        rids = [r.rid for r in batch.reqs]
-        root = draft_input.bonus_tokens.to(torch.int64)
-        self._prepare_retrieval(rids, root)
-        scopes = self.retrieval.scope_index(rids)
-        step = build_graft_tree(
-            pool, root, lambda anchors: self.retrieval.propose(rids, anchors, scopes), batch.seq_lens, num_nodes,
-            self.graft_cfg.prune_config(num_nodes, num_steps), self.graft_cfg.placement)
-        layout, tree = step.layout, step.tree
-        idx = torch.arange(num_nodes, device=root.device)
+            return GraftVerifyInput.create_idle_input(topk, num_steps, num_draft_tokens, device)
+        chain_done = draft_tokens if topk == 1 and draft_tokens is not None else None
+        pool = recorder.pool(chain_done)
+        with self.stepper.timer.phase("tree"):
+            step = self.stepper.build(plan, pool, batch.seq_lens)
+            num_nodes = plan.num_nodes
+            self.use_budget(num_nodes)
+            layout, tree = step.layout, step.tree
+            mask = self._verify_mask(layout.ancestor_mask, batch, target_worker, tree_mask_mode)
+            idx = torch.arange(num_nodes, device=layout.positions.device)
+            info = GraftStepInfo(stage=step.pruned.stage, retrieval_only=tree.from_retrieval & ~tree.from_draft,
+                                 verified_nodes=tree.linked | (idx == 0),
+                                 node_bins=self.stepper.node_bins(plan, pool, step), scopes=plan.scopes)
         return GraftVerifyInput(
             draft_token=layout.draft_token,
-            custom_mask=self._verify_mask(layout.ancestor_mask, batch, target_worker, tree_mask_mode),
+            custom_mask=mask,
             positions=layout.positions,
             retrieve_index=layout.retrive_index,
             retrieve_next_token=layout.retrive_next_token,
@@ -216,12 +280,7 @@ class GraftDraftWorker(EagleDraftWorker):
             seq_lens_sum=None,
             seq_lens_cpu=None,
             draft_probs=None,
-            graft_info=GraftStepInfo(
-                stage=step.pruned.stage,
-                retrieval_only=tree.from_retrieval & ~tree.from_draft,
-                verified_nodes=tree.linked | (idx == 0),
-                scopes=scopes,
-            ),
+            graft_info=info,
         )
 
     def _prepare_retrieval(self, rids: list, root: torch.Tensor) -> None:
@@ -266,13 +325,82 @@ class GraftWorkerV2(EAGLEWorkerV2):
         num_stages = len(self.graft_cfg.resolved_checkpoints(self.speculative_num_steps))
         self.retrieval = GraftRetrieval(self.graft_cfg, vocab, self.speculative_num_draft_tokens, num_stages,
                                         self.device, max_requests=(server_args.max_running_requests or 48) + 1)
+        self.budgets = self.graft_cfg.resolved_budgets(self.speculative_num_draft_tokens)
+        self.stepper = GraftStepper(self.graft_cfg, self.retrieval, self.speculative_num_steps, self.topk,
+                                    self.budgets, self.device)
+        self._budget_states: dict = {}
         if self._draft_worker is not None:
-            self._draft_worker.graft_cfg = self.graft_cfg
-            self._draft_worker.retrieval = self.retrieval
+            dw = self._draft_worker
+            dw.graft_cfg, dw.retrieval, dw.stepper, dw.use_budget = (self.graft_cfg, self.retrieval, self.stepper,
+                                                                      self._use_budget)
         self.prometheus = maybe_prometheus(server_args)
+        self._plan_bs = 0
         _WORKERS.append(self)
-        logger.info("GRAFT worker: N=%d steps=%d topk=%d %s", self.speculative_num_draft_tokens,
-                    self.speculative_num_steps, self.topk, self.graft_cfg)
+        logger.info("GRAFT worker: N=%d steps=%d topk=%d budgets=%s %s", self.speculative_num_draft_tokens,
+                    self.speculative_num_steps, self.topk, self.budgets, self.graft_cfg)
+
+    # -- verify budgets: one SGLang runtime state (attention backends, verify graph) each --------
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        if len(self.budgets) > 1:
+            with contextlib.ExitStack() as stack:
+                tp_context, moe, a2a = (seam.resolve() for seam in seams.DRAFT_CONTEXTS)
+                stack.enter_context(tp_context(self._draft_worker.parallel_layout))
+                stack.enter_context(moe())
+                stack.enter_context(a2a())
+                self._budget_states = self._build_budget_states(self.budgets)
+
+    def _build_budget_states(self, budgets) -> dict:
+        """SGLang's adaptive-spec runtime states, one per budget ``N`` (same draft depth); the
+        largest budget is the state SGLang built at start-up."""
+        seams.BUILD_RUNTIME_STATE.resolve()
+        dw = self._draft_worker
+        states = {budgets[-1]: seams.SPEC_RUNTIME_STATE.resolve()(
+            speculative_num_steps=self.speculative_num_steps,
+            speculative_num_draft_tokens=budgets[-1],
+            draft_attn_backend=dw.draft_attn_backend,
+            cuda_graph_runner=dw.cuda_graph_runner,
+            target_attn_backend=self._target_worker.model_runner.attn_backend,
+            target_graph_runner=self._target_worker.model_runner.decode_cuda_graph_runner,
+            draft_extend_attn_backend=dw.draft_extend_attn_backend,
+            cuda_graph_runner_for_draft_extend=dw.cuda_graph_runner_for_draft_extend,
+        )}
+        with contextlib.ExitStack() as stack:
+            if self._target_worker.model_runner.decode_cuda_graph_runner is None:
+                # no verify graph at start-up (CPU, --disable-cuda-graph): none per budget either
+                stack.enter_context(seams.swapped(seams.GRAPH_BACKEND_CHECK, lambda phase, backend: True))
+            for n in budgets[:-1]:
+                states[n] = self.build_adaptive_runtime_state(self.speculative_num_steps, n)
+        return states
+
+    def _use_budget(self, num_nodes: int) -> None:
+        """Switch verify and draft extend to budget ``num_nodes`` (mirrors SGLang's
+        ``apply_runtime_state`` for a state with the same draft depth; KV is reserved for the
+        largest budget, which SGLang's published configuration keeps)."""
+        if num_nodes == self.speculative_num_draft_tokens:
+            return
+        state = self._budget_states[num_nodes]
+        dw = self._draft_worker
+        self.speculative_num_draft_tokens = dw.speculative_num_draft_tokens = num_nodes
+        dw.draft_extend_attn_backend = state.draft_extend_attn_backend
+        if state.draft_extend_attn_backend is not None:
+            dw.draft_runner.attn_backend = state.draft_extend_attn_backend
+        dw.cuda_graph_runner_for_draft_extend = state.cuda_graph_runner_for_draft_extend
+        runner = self._target_worker.model_runner
+        runner.attn_backend = state.target_attn_backend
+        runner.decode_cuda_graph_runner = state.target_graph_runner
+
+    # -- the step ----------------------------------------------------------------------------
+    def forward_batch_generation(self, batch, *args, **kwargs):
+        decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
+        if not decode:
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        self.stepper.timer.begin()
+        self._plan_bs = 0
+        try:
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        finally:
+            self.stepper.end_step(self._last_plan if self._plan_bs else None, self._plan_bs)
 
     def _forward_prefill_batch(self, batch, *args, **kwargs):
         if not batch.forward_mode.is_idle():
@@ -287,6 +415,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
             raise seams.BUILD_VERIFY_INPUT.error(f"verify got {type(verify_input).__name__}, not GRAFT's tree")
         sampling_on_cpu = is_cpu() and not idle and not batch.sampling_info.is_all_greedy
         with contextlib.ExitStack() as stack:
+            stack.enter_context(self.stepper.timer.phase("verify"))
             if sampling_on_cpu:
                 # SGLang verifies greedily on CPU whatever the request asks; GRAFT does not.
                 stack.enter_context(seams.swapped(seams.VERIFY_IS_CPU, False))
@@ -312,9 +441,14 @@ class GraftWorkerV2(EAGLEWorkerV2):
             self._feed(batch, verify_input, result, "greedy" if batch.sampling_info.is_all_greedy else "sampling")
         return result
 
+    @property
+    def _last_plan(self) -> Optional[StepPlan]:
+        return self.stepper.last_plan
+
     def _feed(self, batch, vi: GraftVerifyInput, result, verify_mode: str) -> None:
-        """Committed tokens -> stores, verify logits -> recycling matrix, counts -> metrics."""
-        n = self.speculative_num_draft_tokens
+        """Committed tokens -> stores, verify logits -> recycling matrix, accepted nodes ->
+        calibration, counts -> metrics."""
+        n = vi.draft_token_num
         rids = [r.rid for r in batch.reqs]
         bs = len(rids)
         info = vi.graft_info
@@ -323,7 +457,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
         acc = result.accept_index.to(torch.int64)[:, 1:]
         valid = acc >= 0
         local = torch.where(valid, acc - torch.arange(bs, device=acc.device)[:, None] * n, 0)
-        retrieved = (info.retrieval_only.gather(1, local) & valid).sum(1)
+        accepted_nodes = torch.zeros((bs, n), dtype=torch.bool, device=acc.device).scatter_(1, local, valid)
+        retrieved = (info.retrieval_only & accepted_nodes).sum(1)
         drafted = valid.sum(1) - retrieved
         # committed tokens: the compacted front of each N-block (what the scheduler reads); one
         # device-to-host copy for the batch
@@ -332,6 +467,10 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self.retrieval.commit(rids, [row[: row[n]] for row in host])
         self.retrieval.learn(vi.draft_token.view(bs, n), info.verified_nodes,
                              result.logits_output.next_token_logits, info.scopes)
+        linked = info.verified_nodes.clone()
+        linked[:, 0] = False
+        self.stepper.feedback(info.node_bins, linked, accepted_nodes)
+        self._plan_bs = bs
         stage = [row[n + 1] for row in host]
         retrieved_list = [row[n + 2] for row in host]
         drafted_list = [row[n + 3] for row in host]
@@ -363,11 +502,12 @@ _WORKERS: list[GraftWorkerV2] = []
 
 
 def server_counters() -> Optional[dict]:
-    """GRAFT's server-wide counters and store usage of this process's worker, or None."""
+    """GRAFT's server-wide counters, store usage and step economy of this process's worker, or None."""
     if not _WORKERS:
         return None
-    retrieval = _WORKERS[-1].retrieval
-    return {**retrieval.counters.as_dict(), **retrieval.store_usage()}
+    worker = _WORKERS[-1]
+    retrieval = worker.retrieval
+    return {**retrieval.counters.as_dict(), **retrieval.store_usage(), "economy": worker.stepper.as_dict()}
 
 
 def release_request(rid) -> None:

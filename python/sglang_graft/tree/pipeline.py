@@ -10,7 +10,7 @@ whose size depends on the committed lengths).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -45,6 +45,8 @@ def build_graft_tree(
     config: PruneConfig = PruneConfig(),
     placement: Placement = "root",
     pad_token_id: int = 0,
+    num_keep: Optional[torch.Tensor] = None,
+    depth_limit: Optional[torch.Tensor] = None,
 ) -> GraftStep:
     """Prune the draft, graft the proposals into the freed budget and flatten to SGLang's layout.
 
@@ -58,13 +60,15 @@ def build_graft_tree(
         config: pruning checkpoints / thresholds / budgets.
         placement: ``"root"`` or ``"deepest_draft"``.
         pad_token_id: token of padding slots.
+        num_keep: ``[bs]`` draft nodes to keep instead of the per-stage table (a cost-aware split).
+        depth_limit: ``[bs]`` deepest draft depth each request keeps (where its draft stopped).
 
     Returns:
         The pruning result, the proposals used, the ``N``-node tree and its verify layout
         (``layout.draft_token`` is SGLang's ``draft_token``, ``layout.ancestor_mask`` the
         QLEN mask as ``[bs, N, N]``).
     """
-    pruned = prune_by_confidence(pool, config, num_nodes)
+    pruned = prune_by_confidence(pool, config, num_nodes, num_keep=num_keep, depth_limit=depth_limit)
     anchor_index, anchor_tokens = graft_anchor(pool, pruned, root_tokens, placement)
     if callable(proposals):
         proposals = proposals(anchor_tokens)

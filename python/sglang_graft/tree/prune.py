@@ -8,6 +8,8 @@ stage; the stage fixes how many draft nodes survive, and the freed budget goes t
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ._ops import reduce_along_path
@@ -54,7 +56,9 @@ def pruning_stage(confidence: torch.Tensor, thresholds: tuple[float, ...]) -> to
     return stage
 
 
-def keep_best_draft_nodes(pool: DraftPool, num_keep: torch.Tensor) -> torch.Tensor:
+def keep_best_draft_nodes(
+    pool: DraftPool, num_keep: torch.Tensor, allowed: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Mark the ``num_keep[b]`` best candidates of each request, ancestor-closed.
 
     Candidates are ranked by the minimum score on their root path (equal to the score itself
@@ -66,6 +70,8 @@ def keep_best_draft_nodes(pool: DraftPool, num_keep: torch.Tensor) -> torch.Tens
     Args:
         pool: the draft candidates.
         num_keep: ``[bs] int64`` how many to keep.
+        allowed: ``[bs, M] bool`` candidates that may be kept (closed under taking children's
+            parents: a depth limit is); None = all.
 
     Returns:
         ``[bs, M] bool``.
@@ -76,31 +82,49 @@ def keep_best_draft_nodes(pool: DraftPool, num_keep: torch.Tensor) -> torch.Tens
     path_min = reduce_along_path(pool.scores.float(), pool.parents, torch.minimum, float("inf"))
     # NaN would break the ordering (and the ancestor closure with it); rank it last.
     path_min = torch.nan_to_num(path_min, nan=float("-inf"))
+    if allowed is not None:  # disallowed candidates rank last (none is an allowed one's ancestor)
+        path_min = torch.where(allowed, path_min, float("-inf"))
     order = torch.sort(path_min, dim=1, descending=True, stable=True).indices
     ranks = torch.arange(m, device=pool.tokens.device).expand(bs, m)
     rank = torch.empty_like(order).scatter_(1, order, ranks)
-    return rank < num_keep[:, None]
+    keep = rank < num_keep[:, None]
+    return keep if allowed is None else keep & allowed
 
 
-def prune_by_confidence(pool: DraftPool, config: PruneConfig, num_nodes: int) -> PrunedDraft:
+def prune_by_confidence(
+    pool: DraftPool,
+    config: PruneConfig,
+    num_nodes: int,
+    num_keep: Optional[torch.Tensor] = None,
+    depth_limit: Optional[torch.Tensor] = None,
+) -> PrunedDraft:
     """Pick the pruning stage per request and keep that stage's best draft nodes.
+
+    A draft stopped early (dynamic depth) holds fewer levels than the deepest checkpoint: a
+    checkpoint it did not reach has confidence ``-inf``, so it fails for every request that
+    passed the earlier ones.
 
     Args:
         pool: the draft candidates of the batch.
         config: checkpoints, thresholds and per-stage draft budget.
         num_nodes: node budget ``N`` per request, root included (SGLang's
             ``--speculative-num-draft-tokens``).
+        num_keep: ``[bs]`` draft nodes to keep, overriding the per-stage table (a cost-aware
+            caller's split); capped at ``N - 1``.
+        depth_limit: ``[bs]`` deepest draft depth a request may keep (where its draft stopped).
 
     Returns:
         The kept candidates (ancestor-closed), the stage, the confidences and the count;
         ``N - 1 - num_kept`` slots are left for retrieval.
     """
-    config.check_draft_depth(pool.num_steps)
     confidence = confidence_at_checkpoints(pool, config.checkpoint_depths)
     stage = pruning_stage(confidence, config.thresholds)
-    table = config.keep_table(num_nodes)
-    num_keep = torch.full_like(stage, table[-1])
-    for s, k in enumerate(table[:-1]):
-        num_keep = torch.where(stage == s, k, num_keep)
-    keep = keep_best_draft_nodes(pool, num_keep)
+    if num_keep is None:
+        table = config.keep_table(num_nodes)
+        num_keep = torch.full_like(stage, table[-1])
+        for s, k in enumerate(table[:-1]):
+            num_keep = torch.where(stage == s, k, num_keep)
+    num_keep = num_keep.clamp(max=max(num_nodes - 1, 0))
+    allowed = None if depth_limit is None else pool.depths <= depth_limit[:, None]
+    keep = keep_best_draft_nodes(pool, num_keep, allowed)
     return PrunedDraft(keep=keep, stage=stage, confidence=confidence, num_kept=keep.sum(dim=1))

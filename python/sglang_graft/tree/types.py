@@ -179,14 +179,6 @@ class PruneConfig:
         table = tuple(self.keep_per_stage) + (max(budget - self.min_retrieval_slots, 0),)
         return tuple(min(k, budget) for k in table)
 
-    def check_draft_depth(self, num_steps: int) -> None:
-        """Raise if a checkpoint lies deeper than the draft (draft depths are 0..num_steps-1)."""
-        if self.checkpoint_depths and self.checkpoint_depths[-1] >= num_steps:
-            raise ValueError(
-                f"checkpoint at draft depth {self.checkpoint_depths[-1]} needs at least "
-                f"{self.checkpoint_depths[-1] + 1} draft steps, the draft has {num_steps}"
-            )
-
 
 @dataclass
 class PrunedDraft:

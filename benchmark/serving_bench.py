@@ -1,0 +1,157 @@
+"""Throughput under load: ``python -m sglang.bench_serving`` against real servers, fully offline.
+
+Builds a ``custom`` dataset (JSONL of conversations) from the benchmark prompts of
+``prompt_sets.py`` (the ``bench`` split, every category), starts one server per method on
+127.0.0.1 (SmolLM2-135M-Instruct in float32 by default), and runs SGLang's own load generator at
+each concurrency with a fixed output length. Writes JSON, Markdown and a PNG of output throughput
+per method and concurrency, and the ratio to no speculation.
+
+    python benchmark/serving_bench.py                      # none, EAGLE3-tree, GRAFT at 1 / 8 / 16
+    python benchmark/serving_bench.py --concurrency 1 4 --methods none,GRAFT --output-len 64
+
+The same load by hand, against a server you started (the command this script runs)::
+
+    python -m sglang.bench_serving --backend sglang --base-url http://127.0.0.1:30000 \\
+        --dataset-name custom --dataset-path benchmark/out/serving/prompts.jsonl --apply-chat-template \\
+        --num-prompts 32 --sharegpt-output-len 128 --max-concurrency 16 --request-rate inf --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import prompt_sets  # noqa: E402
+from local_server import SERVER_ENV, SGLangServer  # noqa: E402
+
+DEFAULT_HEAD = HERE / "models" / "smollm2-135m-eagle3"
+METHODS = {
+    "none": [],
+    "EAGLE3-tree": ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "4", "--speculative-eagle-topk",
+                    "4", "--speculative-num-draft-tokens", "16"],
+    "GRAFT": ["--speculative-algorithm", "GRAFT"],  # the defaults a user gets
+    "GRAFT-fixed": ["--speculative-algorithm", "GRAFT", "--speculative-graft-budget", "fixed"],
+}
+
+
+def write_dataset(path: Path, per_category: int) -> int:
+    """The bench prompts as bench_serving's ``custom`` JSONL; returns the number of rows."""
+    rows = [(c, p) for c in prompt_sets.CATEGORIES for p in prompt_sets.load(c, "bench", per_category)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for _, prompt in rows:
+            f.write(json.dumps({"conversations": [{"content": prompt}, {"content": "-"}]}) + "\n")
+    return len(rows)
+
+
+def run_load(url: str, model: Path, dataset: Path, concurrency: int, num_prompts: int, output_len: int,
+             out_file: Path) -> dict:
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
+           "--tokenizer", str(model), "--dataset-name", "custom", "--dataset-path", str(dataset),
+           "--apply-chat-template", "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
+           "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1",
+           "--output-file", str(out_file), "--disable-tqdm"]
+    env = {**os.environ, **SERVER_ENV}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench_serving failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
+    line = out_file.read_text().strip().splitlines()[-1]
+    return json.loads(line)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, help="target HF dir (default: SmolLM2-135M-Instruct, built offline)")
+    ap.add_argument("--draft", type=Path, default=DEFAULT_HEAD)
+    ap.add_argument("--methods", default="none,EAGLE3-tree,GRAFT")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
+    ap.add_argument("--prompts-per-level", type=int, nargs="+", default=[8, 16, 32],
+                    help="requests sent at each concurrency (one value per --concurrency)")
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--out", type=Path, default=HERE / "out" / "serving")
+    args = ap.parse_args()
+    if len(args.prompts_per_level) != len(args.concurrency):
+        sys.exit("--prompts-per-level needs one value per --concurrency")
+    if args.model is None:
+        sys.path.insert(0, str(HERE / "models"))
+        import build_smollm2
+
+        args.model = build_smollm2.build(build_smollm2.default_dir("float32"), "float32")
+    args.out.mkdir(parents=True, exist_ok=True)
+    dataset = args.out / "prompts.jsonl"
+    n_rows = write_dataset(dataset, 5)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    results = []
+    t_start = time.time()
+    for name in methods:
+        extra = list(METHODS[name])
+        if "--speculative-algorithm" in extra:
+            extra += ["--speculative-draft-model-path", str(args.draft)]
+        extra += ["--max-running-requests", str(max(args.concurrency))]
+        with SGLangServer(args.model, extra, log_path=args.out / f"{name}.log") as srv:
+            srv.generate_ids([1, 2, 3, 4], 8)  # warm-up
+            for conc, n in zip(args.concurrency, args.prompts_per_level):
+                r = run_load(srv.url, args.model, dataset, conc, n, args.output_len, args.out / f"{name}-c{conc}.jsonl")
+                results.append({"method": name, "concurrency": conc, "num_prompts": n,
+                                "output_throughput": r["output_throughput"],
+                                "request_throughput": r.get("request_throughput"),
+                                "median_itl_ms": r.get("median_itl_ms"), "median_ttft_ms": r.get("median_ttft_ms"),
+                                "accept_length": r.get("accept_length")})
+                print(f"[serving_bench] {name} c={conc}: {r['output_throughput']:.1f} output tok/s", flush=True)
+    base = {r["concurrency"]: r["output_throughput"] for r in results if r["method"] == "none"}
+    for r in results:
+        r["vs_none"] = r["output_throughput"] / base[r["concurrency"]] if r["concurrency"] in base else None
+    report = {"results": results, "dataset_rows": n_rows, "output_len": args.output_len,
+              "wall_s": round(time.time() - t_start, 1)}
+    (args.out / "serving_bench.json").write_text(json.dumps(report, indent=2))
+    md = render(results)
+    (args.out / "serving_bench.md").write_text(md)
+    print(md)
+    plot(results, args.out / "serving_bench.png")
+
+
+def render(results: list[dict]) -> str:
+    levels = sorted({r["concurrency"] for r in results})
+    names = list(dict.fromkeys(r["method"] for r in results))
+    by = {(r["method"], r["concurrency"]): r for r in results}
+    lines = ["| method | " + " | ".join(f"c={c} tok/s (vs none)" for c in levels) + " |",
+             "|---|" + "---|" * len(levels)]
+    for n in names:
+        cells = []
+        for c in levels:
+            r = by.get((n, c))
+            cells.append("-" if r is None else f"{r['output_throughput']:.1f} ({r['vs_none']:.2f}x)"
+                         if r["vs_none"] is not None else f"{r['output_throughput']:.1f}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(r["method"] for r in results):
+        rows = [r for r in results if r["method"] == name]
+        ax.plot([r["concurrency"] for r in rows], [r["output_throughput"] for r in rows], marker="o", label=name)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("output tokens/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""Step economy: what a speculative step costs, what its tree nodes are worth, and the verify
+budget that maximises committed tokens per second.
+
+No SGLang imports; device-agnostic torch (the calibration tables live on the model's device and
+are updated without a host read).
+
+* :class:`StepCost` learns the seconds of a decode step's phases online from the worker's timer:
+  verify + draft extend as a function of the tokens verified in the batch ``T = bs * N``
+  (piecewise linear over power-of-two buckets, so a GPU's flat-then-linear curve and a CPU's
+  linear one are both represented), and one draft pass as a function of the batch size.
+* :class:`AcceptanceCalibration` maps node features to the probability that the node is accepted
+  (on the accepted path), learned from verify results: draft nodes by their cumulative draft
+  probability, suffix-automaton nodes by their empirical path probability and match length,
+  recycled nodes by depth and rank.
+* :func:`expected_tokens` / :func:`choose_budget`: with node values ``v`` sorted per request, a
+  budget ``N`` commits ``1 + sum(top N-1 values)`` tokens in expectation; the step picks the
+  budget with the most expected tokens per predicted second, down to ``N = 1`` (no speculation).
+
+Worked example (batch 1): values ``[0.9, 0.6, 0.2, 0.1, ...]``, budgets ``(1, 2, 4)``, predicted
+step seconds ``(1.00, 1.05, 1.30)``: expected tokens ``(1.0, 1.9, 2.7)``, tokens per second
+``(1.0, 1.81, 2.08)``: budget 4.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from sglang_graft.tree._ops import reduce_along_path
+
+__all__ = ["StepCost", "AcceptanceCalibration", "StepTimer", "expected_tokens", "choose_budget", "path_values",
+           "PHASES"]
+
+
+# -- cost ----------------------------------------------------------------------------------------
+@dataclass
+class _Ema:
+    value: float = 0.0
+    count: int = 0
+
+    def add(self, x: float, alpha: float) -> None:
+        self.value = x if self.count == 0 else (1 - alpha) * self.value + alpha * x
+        self.count += 1
+
+
+@dataclass
+class StepCost:
+    """Predicted seconds of a step's phases, learned online.
+
+    ``verify(T)``: target verify forward + acceptance + draft extend for ``T`` verified tokens;
+    ``draft_pass(bs)``: one draft forward pass; ``fixed(bs)``: everything else of a step
+    (retrieval, tree build, SGLang's bookkeeping).
+    """
+
+    alpha: float = 0.2
+    verify_by_bucket: dict[int, _Ema] = field(default_factory=dict)
+    pass_by_bucket: dict[int, _Ema] = field(default_factory=dict)
+    fixed_by_bucket: dict[int, _Ema] = field(default_factory=dict)
+
+    @staticmethod
+    def bucket(x: int) -> int:
+        return max(0, int(math.log2(max(1, x))))
+
+    def observe(self, *, tokens: int, bs: int, verify_s: float, passes: int, draft_s: float, fixed_s: float) -> None:
+        self.verify_by_bucket.setdefault(self.bucket(tokens), _Ema()).add(verify_s, self.alpha)
+        if passes:
+            self.pass_by_bucket.setdefault(self.bucket(bs), _Ema()).add(draft_s / passes, self.alpha)
+        self.fixed_by_bucket.setdefault(self.bucket(bs), _Ema()).add(fixed_s, self.alpha)
+
+    def known_verify_buckets(self) -> list[int]:
+        return sorted(self.verify_by_bucket)
+
+    def verify(self, tokens: int) -> float:
+        """Seconds to verify ``tokens`` (interpolated between observed buckets; beyond them,
+        extrapolated linearly from the two nearest, never below the nearest)."""
+        known = self.known_verify_buckets()
+        if not known:
+            return float(tokens)  # no data: proportional to the tokens (explore first)
+        xs = [2.0 ** b for b in known]
+        ys = [self.verify_by_bucket[b].value for b in known]
+        if len(xs) == 1:
+            return ys[0] * max(1.0, tokens / xs[0])
+        t = float(tokens)
+        if t <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if t <= x1:
+                return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = (xs[-2], ys[-2]), (xs[-1], ys[-1])
+        return max(y1, y1 + (y1 - y0) * (t - x1) / (x1 - x0))
+
+    def _nearest(self, table: dict[int, _Ema], x: int, default: float) -> float:
+        if not table:
+            return default
+        b = self.bucket(x)
+        key = min(table, key=lambda k: (abs(k - b), k))
+        return table[key].value * (2.0 ** (b - key) if b > key else 1.0)
+
+    def draft_pass(self, bs: int) -> float:
+        return self._nearest(self.pass_by_bucket, bs, 0.0)
+
+    def fixed(self, bs: int) -> float:
+        return self._nearest(self.fixed_by_bucket, bs, 0.0)
+
+    def step(self, *, bs: int, num_nodes: int, passes: int) -> float:
+        """Predicted seconds of a step verifying ``num_nodes`` per request after ``passes`` draft passes."""
+        return self.fixed(bs) + passes * self.draft_pass(bs) + self.verify(bs * num_nodes)
+
+    def as_dict(self) -> dict:
+        return {"verify_s_by_tokens": {2 ** b: round(e.value, 6) for b, e in sorted(self.verify_by_bucket.items())},
+                "draft_pass_s_by_bs": {2 ** b: round(e.value, 6) for b, e in sorted(self.pass_by_bucket.items())},
+                "fixed_s_by_bs": {2 ** b: round(e.value, 6) for b, e in sorted(self.fixed_by_bucket.items())}}
+
+
+# -- value ---------------------------------------------------------------------------------------
+class AcceptanceCalibration:
+    """Probability that a tree node is accepted, by feature bin, learned from verify results.
+
+    Bins: draft nodes by ``floor(-2 * log2(cumulative draft probability))`` (16 bins); suffix-
+    automaton nodes by the same bins of their empirical path probability (``count / occurrences``)
+    times 4 match-strength buckets (suffix match < 4 tokens, i.e. the n-gram fallback, 4-7, 8-15,
+    16+); recycled nodes by depth (1..8) times their cumulative rank (0, 1, 2, 3+). Each bin starts
+    from a prior worth ``prior_weight`` observations: the draft's own probability; the empirical
+    path probability scaled by the match strength; ``0.7 ** (depth - 1)`` scaled by the rank.
+    """
+
+    SCORE_BINS = 16
+    STRENGTHS = 4
+    DEPTHS = 8
+    RANKS = 4
+
+    def __init__(self, device: torch.device | str = "cpu", prior_weight: float = 8.0) -> None:
+        self.device = torch.device(device)
+        self.sam_base = self.SCORE_BINS
+        self.recycle_base = self.sam_base + self.SCORE_BINS * self.STRENGTHS
+        self.num_bins = self.recycle_base + self.DEPTHS * self.RANKS
+        centers = torch.pow(2.0, -(torch.arange(self.SCORE_BINS, dtype=torch.float32) + 0.5) / 2)
+        strength = torch.tensor([0.4, 0.6, 0.75, 0.85])
+        depth = torch.arange(self.DEPTHS, dtype=torch.float32)
+        rank = torch.tensor([0.5, 0.3, 0.2, 0.1])
+        prior = torch.cat([centers, (strength[:, None] * centers[None, :]).flatten(),
+                           (torch.pow(0.7, depth)[:, None] * rank[None, :]).flatten()])
+        self.prior = prior.to(self.device)
+        self.prior_weight = float(prior_weight)
+        self.shown = torch.zeros(self.num_bins, dtype=torch.float32, device=self.device)
+        self.accepted = torch.zeros(self.num_bins, dtype=torch.float32, device=self.device)
+
+    # feature -> bin
+    def score_bins(self, scores: torch.Tensor) -> torch.Tensor:
+        """Path probabilities in ``(0, 1]`` -> 16 bins, two per halving."""
+        x = -2.0 * torch.log2(scores.float().clamp(min=1e-12, max=1.0))
+        return x.floor().clamp(0, self.SCORE_BINS - 1).to(torch.int64)
+
+    def draft_bins(self, scores: torch.Tensor) -> torch.Tensor:
+        """Cumulative draft probabilities -> bins."""
+        return self.score_bins(scores)
+
+    def sam_bins(self, scores: torch.Tensor, match_length: torch.Tensor) -> torch.Tensor:
+        """Suffix-automaton nodes: empirical path probability ``[bs, R]``, match length ``[bs]``."""
+        m = match_length.to(torch.int64)
+        strength = ((m >= 4).long() + (m >= 8).long() + (m >= 16).long())[:, None]
+        return self.sam_base + strength * self.SCORE_BINS + self.score_bins(scores)
+
+    def recycle_bins(self, depth: torch.Tensor, cumulative_rank: torch.Tensor) -> torch.Tensor:
+        """Recycled nodes: depth 1.. (clamped to 8) and cumulative rank (0 = greedy chain)."""
+        d = (depth.to(torch.int64) - 1).clamp(0, self.DEPTHS - 1)
+        r = cumulative_rank.to(torch.int64).clamp(0, self.RANKS - 1)
+        return self.recycle_base + d * self.RANKS + r
+
+    def probability(self, bins: torch.Tensor) -> torch.Tensor:
+        """Calibrated acceptance probability of each bin index (any shape)."""
+        p = (self.accepted + self.prior * self.prior_weight) / (self.shown + self.prior_weight)
+        return p.clamp(0.0, 1.0)[bins.clamp(0, self.num_bins - 1)]
+
+    def update(self, bins: torch.Tensor, shown: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Record verify results: ``bins`` / ``shown`` / ``accepted`` of the same shape (no host read)."""
+        flat = bins.reshape(-1).clamp(0, self.num_bins - 1)
+        self.shown.index_add_(0, flat, shown.reshape(-1).float())
+        self.accepted.index_add_(0, flat, accepted.reshape(-1).float())
+
+    def as_dict(self) -> dict:
+        """Observed acceptance rate and count per bin, by source."""
+        shown, acc = self.shown.tolist(), self.accepted.tolist()
+        rate = [round(a / s, 3) if s else None for a, s in zip(acc, shown)]
+        parts = {"draft": (0, self.sam_base), "sam": (self.sam_base, self.recycle_base),
+                 "recycle": (self.recycle_base, self.num_bins)}
+        return {name: {"rate": rate[a:b], "shown": [int(x) for x in shown[a:b]]} for name, (a, b) in parts.items()}
+
+
+def path_values(node_values: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """A node is accepted only with its ancestors: its value is the minimum on its path."""
+    return reduce_along_path(node_values, parents, torch.minimum, float("inf"))
+
+
+def expected_tokens(values: torch.Tensor, budgets: Sequence[int]) -> torch.Tensor:
+    """``[bs, len(budgets)]``: ``1 + sum of the N - 1 best node values`` per request and budget.
+
+    ``values`` ``[bs, C]`` (any order; invalid nodes 0). Ancestor closure is not re-checked: path
+    values never exceed an ancestor's, so the best nodes form a tree when ties go to ancestors.
+    """
+    bs, c = values.shape
+    top = max(budgets) - 1
+    if c < top:
+        values = torch.nn.functional.pad(values, (0, top - c))
+    best = torch.topk(values.float(), top, dim=1).values if top > 0 else values[:, :0].float()
+    cum = torch.cat([torch.zeros(bs, 1, device=values.device), torch.cumsum(best, dim=1)], dim=1)
+    idx = torch.tensor([n - 1 for n in budgets], device=values.device)
+    return 1.0 + cum[:, idx]
+
+
+def choose_budget(expected: Sequence[float], seconds: Sequence[float]) -> int:
+    """Index of the budget with the most expected tokens per second (ties: the smaller budget)."""
+    rates = [e / max(s, 1e-9) for e, s in zip(expected, seconds)]
+    best = max(rates)
+    return next(i for i, r in enumerate(rates) if r >= best * (1 - 1e-9))
+
+
+# -- timing --------------------------------------------------------------------------------------
+PHASES = ("draft", "retrieval", "tree", "verify", "draft_extend", "other")
+
+
+class StepTimer:
+    """Wall-clock seconds per phase of each decode step, and their running totals.
+
+    Phases: ``draft`` (draft forward passes), ``retrieval`` (proposals), ``tree`` (prune, graft,
+    flatten, mask), ``verify`` (target forward, acceptance, commit), ``draft_extend``, ``other``
+    (the rest of the step: SGLang's bookkeeping, feeding retrieval). Host wall clock: exact on a
+    CPU, where every op is synchronous.
+    """
+
+    def __init__(self) -> None:
+        self.totals = {p: 0.0 for p in PHASES}
+        self.steps = 0
+        self.current: dict[str, float] = {}
+        self._start = 0.0
+
+    def begin(self) -> None:
+        self.current = {p: 0.0 for p in PHASES}
+        self._start = _now()
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.current[phase] = self.current.get(phase, 0.0) + seconds
+
+    def phase(self, name: str):
+        return _Phase(self, name)
+
+    def end(self) -> dict[str, float]:
+        total = _now() - self._start
+        self.current["other"] = max(0.0, total - sum(v for k, v in self.current.items() if k != "other"))
+        for k, v in self.current.items():
+            self.totals[k] += v
+        self.steps += 1
+        return self.current
+
+    def as_dict(self) -> dict:
+        total = sum(self.totals.values())
+        return {"steps": self.steps, "total_s": round(total, 4),
+                "phase_s": {k: round(v, 4) for k, v in self.totals.items()},
+                "phase_ms_per_step": {k: round(1e3 * v / self.steps, 3) if self.steps else 0.0
+                                      for k, v in self.totals.items()}}
+
+
+class _Phase:
+    __slots__ = ("timer", "name", "t0")
+
+    def __init__(self, timer: StepTimer, name: str) -> None:
+        self.timer, self.name = timer, name
+
+    def __enter__(self):
+        self.t0 = _now()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.add(self.name, _now() - self.t0)
+        return False
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()

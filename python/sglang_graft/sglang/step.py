@@ -1,0 +1,250 @@
+"""GRAFT's per-step decisions, SGLang-free: retrieval first, how deep to draft, which verify budget.
+
+The worker (``worker.py``) adapts SGLang's objects to these calls, in this order per decode step:
+
+1. :meth:`GraftStepper.begin` -- before the draft: each request's first root reaches its store,
+   retrieval proposes under the root tokens (the published placement needs nothing from the
+   draft), and every proposed node gets a calibrated value (acceptance probability).
+2. :meth:`GraftStepper.keep_drafting` -- before each draft forward pass: the pass runs only if some
+   request still passes every confidence checkpoint drafted so far and is not already served by a
+   confident retrieval, and (cost-aware budget) the best it could add is worth its cost.
+3. :meth:`GraftStepper.build` -- after the draft: node values, the budget ``N`` with the most
+   expected committed tokens per predicted second, and the tree (prune -> graft -> flatten).
+4. :meth:`GraftStepper.feedback` -- after verify: which nodes were accepted (calibration) and
+   what the step cost (cost model).
+
+``--speculative-graft-budget fixed`` keeps the earlier behaviour: every draft pass, ``N`` fixed,
+the published per-stage draft / retrieval split.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+from sglang_graft.budget import (
+    AcceptanceCalibration,
+    StepCost,
+    StepTimer,
+    choose_budget,
+    expected_tokens,
+    path_values,
+)
+from sglang_graft.config import GraftConfig
+from sglang_graft.sglang.retrieval_state import GraftRetrieval
+from sglang_graft.tree import (
+    DraftPool,
+    GraftStep,
+    RetrievalProposals,
+    build_graft_tree,
+    confidence_at_checkpoints,
+)
+
+
+@dataclass
+class StepPlan:
+    """What one decode step decided so far (per request where shaped ``[bs]``)."""
+
+    rids: list
+    root: torch.Tensor  # [bs] int64
+    proposals: RetrievalProposals  # [bs, R], scores = calibrated values in cost mode
+    proposal_bins: torch.Tensor  # [bs, R] calibration bins of the proposed nodes
+    retrieval_confident: torch.Tensor  # [bs] bool: retrieval alone expects enough tokens
+    scopes: Optional[torch.Tensor]
+    exit_depth: torch.Tensor  # [bs] int64: deepest draft depth the request uses
+    failed: torch.Tensor  # [bs] bool: a checkpoint failed
+    checked: int = 0  # checkpoints evaluated so far
+    passes: int = 0  # draft forward passes run
+    num_nodes: int = 0  # chosen verify budget
+    explore: bool = False
+
+
+@dataclass
+class StepStats:
+    """Server-wide counters of the step economy (``/server_info``)."""
+
+    steps: int = 0
+    draft_passes: int = 0
+    skipped_drafts: int = 0  # steps with no draft pass at all
+    budget_histogram: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "draft_passes": self.draft_passes,
+                "mean_draft_passes": self.draft_passes / self.steps if self.steps else 0.0,
+                "skipped_drafts": self.skipped_drafts,
+                "budget_histogram": {str(k): v for k, v in sorted(self.budget_histogram.items())}}
+
+
+class GraftStepper:
+    """The decisions of GRAFT's decode step (see the module docstring).
+
+    Args:
+        cfg: the algorithm config.
+        retrieval: the worker's retrieval state.
+        num_steps: draft depth (``--speculative-num-steps``).
+        topk: draft width.
+        budgets: verify budgets ``N`` the step may choose (ascending; the last is the largest);
+            ``fixed`` mode uses only the last.
+        device: the model's device.
+    """
+
+    EXPLORE_EVERY = 32  # one step in this many measures a budget in turn (the cost model's data)
+
+    def __init__(self, cfg: GraftConfig, retrieval: GraftRetrieval, num_steps: int, topk: int,
+                 budgets: Sequence[int], device) -> None:
+        self.cfg = cfg
+        self.retrieval = retrieval
+        self.num_steps = num_steps
+        self.topk = topk
+        self.budgets = tuple(sorted(set(budgets)))
+        self.max_nodes = self.budgets[-1]
+        self.cost_aware = cfg.budget == "cost"
+        self.device = device
+        self.calibration = AcceptanceCalibration(device)
+        self.cost = StepCost()
+        self.timer = StepTimer()
+        self.stats = StepStats()
+        self.checkpoints = cfg.resolved_checkpoints(num_steps)
+        self.last_plan: Optional[StepPlan] = None
+        self.prune = {n: cfg.prune_config(n, num_steps) for n in self.budgets}
+
+    # -- 1. before the draft ---------------------------------------------------------------------
+    def begin(self, rids: list, root: torch.Tensor) -> StepPlan:
+        bs = len(rids)
+        scopes = self.retrieval.scope_index(rids)
+        with self.timer.phase("retrieval"):
+            proposals, bins = self.retrieval.propose_scored(rids, root, scopes, self.calibration,
+                                                            union=self.cost_aware)
+            values = self.calibration.probability(bins)
+            values = torch.where(proposals.valid, path_values(values, proposals.parents), 0.0)
+            if self.cost_aware:
+                proposals = RetrievalProposals(proposals.tokens, proposals.parents, values, proposals.valid)
+            expected = expected_tokens(values, (self.max_nodes,))[:, 0] - 1.0
+            confident = expected >= self.cfg.skip_draft_tokens if self.cost_aware else \
+                torch.zeros(bs, dtype=torch.bool, device=root.device)
+        step = self.stats.steps
+        explore = self.cost_aware and step % self.EXPLORE_EVERY == 0 and len(self.budgets) > 1
+        self.last_plan = StepPlan(rids=rids, root=root, proposals=proposals, proposal_bins=bins, retrieval_confident=confident,
+                        scopes=scopes, exit_depth=torch.full((bs,), self.num_steps - 1, dtype=torch.int64,
+                                                             device=root.device),
+                        failed=torch.zeros(bs, dtype=torch.bool, device=root.device), explore=explore)
+        return self.last_plan
+
+    # -- 2. during the draft ---------------------------------------------------------------------
+    def keep_drafting(self, plan: StepPlan, pool: DraftPool) -> bool:
+        """Before the pass that drafts depth ``pool.num_steps``: is it worth running?
+
+        ``pool`` holds the candidates drafted so far (depths ``0 .. pool.num_steps - 1``). Fixed
+        budget: always (every pass runs). Cost-aware: the confidence checkpoints drafted so far
+        are recorded (the pruning stage), and the pass runs only if some request is not already
+        served by a confident retrieval and one more level, valued optimistically, raises the
+        best expected tokens per second.
+        """
+        if not self.cost_aware:
+            plan.passes += 1
+            return True
+        depth = pool.num_steps - 1
+        while plan.checked < len(self.checkpoints) and self.checkpoints[plan.checked] <= depth:
+            c = confidence_at_checkpoints(pool, (self.checkpoints[plan.checked],))[:, 0]
+            plan.failed |= c < self.cfg.thresholds[plan.checked]
+            plan.checked += 1
+        alive = ~plan.retrieval_confident
+        if not plan.explore and not (bool(alive.any()) and self._deeper_pays(plan, pool, alive)):
+            plan.exit_depth.fill_(depth)
+            return False
+        plan.passes += 1
+        return True
+
+    def _deeper_pays(self, plan: StepPlan, pool: DraftPool, alive: torch.Tensor) -> bool:
+        """Would another draft level raise the best expected tokens per second?
+
+        Optimistic bound of the next level: the ``topk`` beams of the current depth each get one
+        child worth as much as themselves (siblings are exclusive, so a beam's children together
+        are accepted at most as often as the beam).
+        """
+        bs = len(plan.rids)
+        values = self._draft_values(plan, pool)
+        now = torch.cat([values, plan.proposals.scores.clamp(min=0)], dim=1)
+        at_depth = torch.where(pool.depths == pool.num_steps - 1, values, 0.0)
+        beams = torch.topk(at_depth, min(self.topk, at_depth.shape[1]), dim=1).values
+        later = torch.cat([now, torch.where(alive[:, None], beams, 0.0)], dim=1)
+        e_now = expected_tokens(now, self.budgets).sum(0).tolist()
+        e_later = expected_tokens(later, self.budgets).sum(0).tolist()
+        rate_now = max(e / self.cost.step(bs=bs, num_nodes=n, passes=plan.passes) for e, n in zip(e_now, self.budgets))
+        rate_later = max(e / self.cost.step(bs=bs, num_nodes=n, passes=plan.passes + 1)
+                         for e, n in zip(e_later, self.budgets))
+        return rate_later > rate_now
+
+    # -- 3. after the draft ----------------------------------------------------------------------
+    def _draft_values(self, plan: StepPlan, pool: DraftPool) -> torch.Tensor:
+        values = path_values(self.calibration.probability(self.calibration.draft_bins(pool.scores)), pool.parents)
+        return torch.where(pool.depths <= plan.exit_depth[:, None], values, 0.0)
+
+    def build(self, plan: StepPlan, pool: DraftPool, seq_lens: torch.Tensor) -> GraftStep:
+        """Choose the budget and build the tree (prune -> graft -> flatten)."""
+        bs = len(plan.rids)
+        if not self.cost_aware:
+            plan.num_nodes = self.max_nodes
+            return build_graft_tree(pool, plan.root, plan.proposals, seq_lens, self.max_nodes,
+                                    self.prune[self.max_nodes], self.cfg.placement)
+        draft_values = self._draft_values(plan, pool)
+        union = torch.cat([draft_values, plan.proposals.scores.clamp(min=0)], dim=1)
+        expected = expected_tokens(union, self.budgets).sum(0).tolist()
+        secs = [self.cost.step(bs=bs, num_nodes=n, passes=plan.passes) for n in self.budgets]
+        if plan.explore:
+            k = (self.stats.steps // self.EXPLORE_EVERY) % len(self.budgets)
+        else:
+            k = choose_budget(expected, secs)
+        n = plan.num_nodes = self.budgets[k]
+        # draft nodes among the n - 1 most valuable of the union, per request
+        m = pool.size
+        top = max(0, min(n - 1, union.shape[1]))
+        order = torch.topk(union, top, dim=1).indices if top else union[:, :0].long()
+        num_keep = (order < m).sum(dim=1)
+        return build_graft_tree(pool, plan.root, plan.proposals, seq_lens, n, self.prune[n], self.cfg.placement,
+                                num_keep=num_keep, depth_limit=plan.exit_depth)
+
+    # -- 4. after verify -------------------------------------------------------------------------
+    def node_bins(self, plan: StepPlan, pool: DraftPool, step: GraftStep) -> torch.Tensor:
+        """``[bs, N]`` calibration bin of every tree slot (draft bin for merged nodes)."""
+        tree = step.tree
+        draft_bins = self.calibration.draft_bins(pool.scores)
+        from_draft = draft_bins.gather(1, tree.draft_index.clamp(min=0))
+        if plan.proposal_bins.shape[1]:
+            from_ret = plan.proposal_bins.gather(1, tree.retrieval_index.clamp(min=0))
+        else:
+            from_ret = torch.zeros_like(from_draft)
+        return torch.where(tree.draft_index >= 0, from_draft, from_ret)
+
+    def feedback(self, bins: torch.Tensor, linked: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Calibration: ``accepted [bs, N]`` nodes on the accepted path among the ``linked`` ones."""
+        self.calibration.update(bins, linked, accepted & linked)
+
+    def end_step(self, plan: Optional[StepPlan], bs: int) -> None:
+        """The step's phase times feed the cost model; counters."""
+        phases = self.timer.end()
+        if plan is None:
+            return
+        self.stats.steps += 1
+        self.stats.draft_passes += plan.passes
+        self.stats.skipped_drafts += plan.passes == 0
+        self.stats.budget_histogram[plan.num_nodes] += 1
+        self.cost.observe(tokens=bs * plan.num_nodes, bs=bs, verify_s=phases["verify"] + phases["draft_extend"],
+                          passes=plan.passes, draft_s=phases["draft"],
+                          fixed_s=phases["retrieval"] + phases["tree"] + phases["other"])
+
+    def as_dict(self) -> dict:
+        return {**self.stats.as_dict(), "step_time": self.timer.as_dict(), "cost_model": self.cost.as_dict(),
+                "budgets": list(self.budgets), "budget_mode": self.cfg.budget,
+                "calibration": self.calibration.as_dict()}
+
+
+def chain_so_far(tokens: list[torch.Tensor], probs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack a chain draft's recorded tokens / step probabilities (each ``[bs]``)."""
+    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
+
+
+__all__ = ["GraftStepper", "StepPlan", "StepStats", "chain_so_far"]

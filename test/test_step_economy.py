@@ -1,0 +1,141 @@
+"""The step economy without SGLang: cost model, acceptance calibration, budget choice, and the
+stepper's decisions (draft deeper only while it pays; the budget with the most expected tokens per
+second; fixed mode keeps every pass and the largest budget)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_graft.budget import AcceptanceCalibration, StepCost, choose_budget, expected_tokens, path_values
+from sglang_graft.config import GraftConfig
+from sglang_graft.sglang.retrieval_state import GraftRetrieval
+from sglang_graft.sglang.step import GraftStepper
+from sglang_graft.tree import chain_pool
+from test_tree_support import random_pool
+
+
+def test_worked_example_of_the_budget_choice():
+    e = expected_tokens(torch.tensor([[0.9, 0.6, 0.2, 0.1]]), (1, 2, 4))
+    torch.testing.assert_close(e, torch.tensor([[1.0, 1.9, 2.7]]))
+    assert choose_budget([1.0, 1.9, 2.7], [1.00, 1.05, 1.30]) == 2
+    assert choose_budget([1.0, 1.1, 1.2], [1.00, 1.5, 2.0]) == 0  # nothing pays: no speculation
+    assert choose_budget([2.0, 2.0], [1.0, 1.0]) == 0  # ties: the smaller budget
+
+
+@settings(max_examples=50, deadline=None)
+@given(values=st.lists(st.floats(0, 1), min_size=0, max_size=12), budgets=st.sets(st.integers(1, 16), min_size=1))
+def test_expected_tokens_is_one_plus_the_best_values(values, budgets):
+    budgets = sorted(budgets)
+    v = torch.tensor([values], dtype=torch.float32).reshape(1, -1)
+    got = expected_tokens(v, budgets)[0].tolist()
+    best = sorted(values, reverse=True)
+    for n, e in zip(budgets, got):
+        assert e == pytest.approx(1 + sum(best[: n - 1]), abs=1e-5)
+
+
+def test_cost_model_interpolates_and_extrapolates_observed_buckets():
+    c = StepCost(alpha=1.0)
+    assert c.verify(8) == 8.0  # no data: proportional
+    c.observe(tokens=1, bs=1, verify_s=0.05, passes=2, draft_s=0.01, fixed_s=0.004)
+    assert c.verify(16) == pytest.approx(0.8)  # one point: proportional beyond it
+    c.observe(tokens=16, bs=1, verify_s=0.11, passes=0, draft_s=0.0, fixed_s=0.004)
+    assert c.verify(1) == pytest.approx(0.05) and c.verify(16) == pytest.approx(0.11)
+    assert c.verify(4) == pytest.approx(0.05 + 0.06 * 3 / 15)
+    assert c.verify(32) == pytest.approx(0.11 + 0.06 * 16 / 15)
+    assert c.draft_pass(1) == pytest.approx(0.005) and c.draft_pass(4) == pytest.approx(0.02)
+    assert c.step(bs=1, num_nodes=16, passes=2) == pytest.approx(0.004 + 0.01 + 0.11)
+
+
+def test_calibration_starts_at_its_prior_and_learns():
+    cal = AcceptanceCalibration(prior_weight=4.0)
+    bins = cal.draft_bins(torch.tensor([0.9, 0.3, 0.01]))
+    p0 = cal.probability(bins)
+    assert p0[0] > p0[1] > p0[2] and 0.5 < p0[0] < 1.0
+    # 40 observations of a bin never accepted pull it down, one always accepted pulls it up
+    for _ in range(40):
+        cal.update(bins[:2], torch.ones(2), torch.tensor([0.0, 1.0]))
+    p1 = cal.probability(bins)
+    assert p1[0] < 0.2 and p1[1] > 0.8 and p1[2] == p0[2]
+    m = torch.tensor([2, 5, 9, 20])
+    sam = cal.sam_bins(torch.full((4, 3), 0.5), m)
+    assert sam.shape == (4, 3) and len(set(sam[:, 0].tolist())) == 4
+    rec = cal.recycle_bins(torch.tensor([1, 2, 9]), torch.tensor([0, 5, 1]))
+    assert rec.tolist() == sorted(set(rec.tolist())) and int(rec.max()) < cal.num_bins
+
+
+def test_path_values_never_exceed_an_ancestor():
+    v = torch.tensor([[0.5, 0.9, 0.2, 0.8]])
+    parents = torch.tensor([[-1, 0, 1, 2]])
+    torch.testing.assert_close(path_values(v, parents), torch.tensor([[0.5, 0.5, 0.2, 0.2]]))
+
+
+def _stepper(mode: str, budgets=(1, 2, 4, 8), topk=2, steps=3, **cfg) -> GraftStepper:
+    config = GraftConfig(source="none", budget=mode, **cfg)
+    retrieval = GraftRetrieval(config, 32, num_nodes=max(budgets), num_stages=3, device="cpu")
+    return GraftStepper(config, retrieval, num_steps=steps, topk=topk,
+                        budgets=config.resolved_budgets(max(budgets)) if mode == "fixed" else budgets, device="cpu")
+
+
+def _teach_costs(stepper: GraftStepper, verify: dict[int, float], pass_s: float) -> None:
+    for tokens, secs in verify.items():
+        stepper.cost.observe(tokens=tokens, bs=1, verify_s=secs, passes=1, draft_s=pass_s, fixed_s=0.001)
+    stepper.stats.steps = 1  # past the first (exploring) step
+
+
+def test_fixed_mode_drafts_every_level_and_verifies_the_largest_budget():
+    s = _stepper("fixed", budgets=(8,))
+    plan = s.begin(["a"], torch.tensor([3]))
+    pool = random_pool(1, 2, 3, 30, seed=1)
+    assert all(s.keep_drafting(plan, pool) for _ in range(2)) and plan.passes == 2
+    step = s.build(plan, pool, torch.tensor([5]))
+    assert plan.num_nodes == 8 and step.tree.tokens.shape == (1, 8)
+
+
+def test_budget_follows_the_cost_of_verifying():
+    pool = chain_pool(torch.tensor([[5, 6, 7]]), torch.tensor([[0.95, 0.95, 0.95]]))
+    # a 3-node chain: budget 4 holds it all (8 would add only padding)
+    for verify, expected in (({1: 1.0, 8: 1.0}, 4), ({1: 1.0, 2: 5.0, 8: 40.0}, 1)):
+        s = _stepper("cost", topk=1)
+        _teach_costs(s, verify, pass_s=0.0)
+        plan = s.begin(["a"], torch.tensor([3]))
+        # confident draft: free verify takes the largest budget, a steep one none at all
+        s.calibration.prior[: s.calibration.SCORE_BINS] = 0.9
+        s.build(plan, pool, torch.tensor([5]))
+        assert plan.num_nodes == expected, verify
+
+
+def test_deeper_drafting_only_while_it_pays():
+    pool = chain_pool(torch.tensor([[5]]), torch.tensor([[0.95]]))
+    cheap, dear = _stepper("cost", topk=1), _stepper("cost", topk=1)
+    _teach_costs(cheap, {1: 1.0, 8: 1.0}, pass_s=0.001)
+    _teach_costs(dear, {1: 1.0, 8: 1.0}, pass_s=100.0)
+    for s, expected in ((cheap, True), (dear, False)):
+        s.calibration.prior[: s.calibration.SCORE_BINS] = 0.9
+        plan = s.begin(["a"], torch.tensor([3]))
+        assert s.keep_drafting(plan, pool) is expected
+        assert plan.passes == int(expected)
+
+
+def test_exploration_cycles_through_the_budgets():
+    s = _stepper("cost", budgets=(1, 2, 4))
+    pool = random_pool(1, 2, 2, 30, seed=3)
+    chosen = []
+    for step in range(0, 3 * s.EXPLORE_EVERY, s.EXPLORE_EVERY):
+        s.stats.steps = step
+        plan = s.begin(["a"], torch.tensor([1]))
+        assert plan.explore
+        s.build(plan, pool, torch.tensor([4]))
+        chosen.append(plan.num_nodes)
+    assert sorted(chosen) == [1, 2, 4]
+
+
+def test_resolved_budgets():
+    assert GraftConfig().resolved_budgets(16) == (1, 2, 4, 8, 16)
+    assert GraftConfig().resolved_budgets(12) == (1, 2, 4, 8, 12)
+    assert GraftConfig(budget="fixed").resolved_budgets(16) == (16,)
+    assert GraftConfig(budgets=(4, 2, 16)).resolved_budgets(16) == (2, 4, 16)
+    assert np.all(np.diff(GraftConfig().resolved_budgets(61)) > 0)
