@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import prompt_sets  # noqa: E402
+from plotting import pyplot  # noqa: E402
 from local_server import SERVER_ENV, SGLangServer  # noqa: E402
 
 DEFAULT_HEAD = HERE / "models" / "smollm2-135m-eagle3"
@@ -135,12 +136,8 @@ def render(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in dict.fromkeys(r["method"] for r in results):

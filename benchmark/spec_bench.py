@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import prompt_sets  # noqa: E402
+from plotting import pyplot  # noqa: E402
 
 DEFAULT_HEAD = HERE / "models" / "smollm2-135m-eagle3"
 
@@ -308,12 +309,8 @@ def render_markdown(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     cats = sorted({r["category"] for r in results})
     names = list(dict.fromkeys(r["method"] for r in results))

@@ -37,17 +37,35 @@ def test_expected_tokens_is_one_plus_the_best_values(values, budgets):
         assert e == pytest.approx(1 + sum(best[: n - 1]), abs=1e-5)
 
 
-def test_cost_model_interpolates_and_extrapolates_observed_buckets():
+def test_cost_model_interpolates_and_extrapolates_published_buckets():
     c = StepCost(alpha=1.0)
     assert c.verify(8) == 8.0  # no data: proportional
     c.observe(tokens=1, bs=1, verify_s=0.05, passes=2, draft_s=0.01, fixed_s=0.004)
+    assert c.verify(8) == 8.0  # observed, not yet published
+    c.publish()
     assert c.verify(16) == pytest.approx(0.8)  # one point: proportional beyond it
     c.observe(tokens=16, bs=1, verify_s=0.11, passes=0, draft_s=0.0, fixed_s=0.004)
+    c.publish()
     assert c.verify(1) == pytest.approx(0.05) and c.verify(16) == pytest.approx(0.11)
     assert c.verify(4) == pytest.approx(0.05 + 0.06 * 3 / 15)
     assert c.verify(32) == pytest.approx(0.11 + 0.06 * 16 / 15)
     assert c.draft_pass(1) == pytest.approx(0.005) and c.draft_pass(4) == pytest.approx(0.02)
     assert c.step(bs=1, num_nodes=16, passes=2) == pytest.approx(0.004 + 0.01 + 0.11)
+
+
+def test_published_costs_are_the_average_over_ranks():
+    ranks = [StepCost(alpha=1.0), StepCost(alpha=1.0)]
+    ranks[0].observe(tokens=4, bs=1, verify_s=1.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    ranks[1].observe(tokens=4, bs=1, verify_s=3.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    ranks[1].observe(tokens=64, bs=1, verify_s=9.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    contributions = []
+    for r in ranks:  # what each rank puts into the collective
+        r.publish(lambda t: contributions.append(t.clone()))
+    total = contributions[0] + contributions[1]
+    for r in ranks:  # the collective: every rank ends with the sum
+        r.publish(lambda t: t.copy_(total))
+    assert ranks[0].as_dict() == ranks[1].as_dict()
+    assert ranks[1].verify(4) == pytest.approx(2.0) and ranks[1].verify(64) == pytest.approx(9.0)
 
 
 def test_calibration_starts_at_its_prior_and_learns():
@@ -83,7 +101,8 @@ def _stepper(mode: str, budgets=(1, 2, 4, 8), topk=2, steps=3, **cfg) -> GraftSt
 def _teach_costs(stepper: GraftStepper, verify: dict[int, float], pass_s: float) -> None:
     for tokens, secs in verify.items():
         stepper.cost.observe(tokens=tokens, bs=1, verify_s=secs, passes=1, draft_s=pass_s, fixed_s=0.001)
-    stepper.stats.steps = 1  # past the first (exploring) step
+    stepper.cost.publish()
+    stepper.stats.steps = 7  # past the first (exploring) steps
 
 
 def test_fixed_mode_drafts_every_level_and_verifies_the_largest_budget():
@@ -122,9 +141,10 @@ def test_deeper_drafting_only_while_it_pays():
 
 def test_exploration_cycles_through_the_budgets():
     s = _stepper("cost", budgets=(1, 2, 4))
+    assert [s.explore_index() for s.stats.steps in range(5)] == [0, 1, 2, None, None]
     pool = random_pool(1, 2, 2, 30, seed=3)
     chosen = []
-    for step in range(0, 3 * s.EXPLORE_EVERY, s.EXPLORE_EVERY):
+    for step in range(s.EXPLORE_EVERY, 4 * s.EXPLORE_EVERY, s.EXPLORE_EVERY):
         s.stats.steps = step
         plan = s.begin(["a"], torch.tensor([1]))
         assert plan.explore

@@ -24,7 +24,6 @@ step seconds ``(1.00, 1.05, 1.30)``: expected tokens ``(1.0, 1.9, 2.7)``, tokens
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -36,83 +35,97 @@ __all__ = ["StepCost", "AcceptanceCalibration", "StepTimer", "expected_tokens", 
 
 
 # -- cost ----------------------------------------------------------------------------------------
-@dataclass
-class _Ema:
-    value: float = 0.0
-    count: int = 0
-
-    def add(self, x: float, alpha: float) -> None:
-        self.value = x if self.count == 0 else (1 - alpha) * self.value + alpha * x
-        self.count += 1
-
-
-@dataclass
 class StepCost:
     """Predicted seconds of a step's phases, learned online.
 
     ``verify(T)``: target verify forward + acceptance + draft extend for ``T`` verified tokens;
     ``draft_pass(bs)``: one draft forward pass; ``fixed(bs)``: everything else of a step
-    (retrieval, tree build, SGLang's bookkeeping).
+    (retrieval, tree build, SGLang's bookkeeping). Observations update a live table (exponential
+    moving averages per power-of-two bucket); predictions read the published table, which
+    :meth:`publish` refreshes from the live one at steps every rank agrees on, averaged over the
+    tensor-parallel ranks, so every rank makes the same decisions from the same numbers.
     """
 
-    alpha: float = 0.2
-    verify_by_bucket: dict[int, _Ema] = field(default_factory=dict)
-    pass_by_bucket: dict[int, _Ema] = field(default_factory=dict)
-    fixed_by_bucket: dict[int, _Ema] = field(default_factory=dict)
+    BUCKETS = 24  # tokens / batch sizes up to 2**23
 
-    @staticmethod
-    def bucket(x: int) -> int:
-        return max(0, int(math.log2(max(1, x))))
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        # rows: verify by tokens, draft pass by bs, fixed by bs; columns: buckets
+        self._live = torch.zeros(3, self.BUCKETS, dtype=torch.float64)
+        self._live_seen = torch.zeros(3, self.BUCKETS, dtype=torch.float64)
+        self._table = self._live.clone()
+        self._seen = self._live_seen.clone()
+
+    @classmethod
+    def bucket(cls, x: int) -> int:
+        return min(cls.BUCKETS - 1, max(0, int(math.log2(max(1, x)))))
+
+    def _add(self, row: int, x: int, seconds: float) -> None:
+        b = self.bucket(x)
+        if self._live_seen[row, b] == 0:
+            self._live[row, b] = seconds
+        else:
+            self._live[row, b] = (1 - self.alpha) * self._live[row, b] + self.alpha * seconds
+        self._live_seen[row, b] = 1.0
 
     def observe(self, *, tokens: int, bs: int, verify_s: float, passes: int, draft_s: float, fixed_s: float) -> None:
-        self.verify_by_bucket.setdefault(self.bucket(tokens), _Ema()).add(verify_s, self.alpha)
+        self._add(0, tokens, verify_s)
         if passes:
-            self.pass_by_bucket.setdefault(self.bucket(bs), _Ema()).add(draft_s / passes, self.alpha)
-        self.fixed_by_bucket.setdefault(self.bucket(bs), _Ema()).add(fixed_s, self.alpha)
+            self._add(1, bs, draft_s / passes)
+        self._add(2, bs, fixed_s)
 
-    def known_verify_buckets(self) -> list[int]:
-        return sorted(self.verify_by_bucket)
+    def publish(self, all_reduce_sum=None) -> None:
+        """Make the live table the one predictions read; with ``all_reduce_sum`` (a collective
+        summing a tensor in place over the tensor-parallel ranks), the ranks' average."""
+        values = torch.stack([self._live * self._live_seen, self._live_seen])
+        if all_reduce_sum is not None:
+            all_reduce_sum(values)
+        seen = values[1]
+        self._table = torch.where(seen > 0, values[0] / seen.clamp(min=1), 0.0)
+        self._seen = (seen > 0).double()
+
+    def _points(self, row: int) -> list[tuple[float, float]]:
+        return [(2.0 ** b, float(self._table[row, b])) for b in range(self.BUCKETS) if self._seen[row, b]]
 
     def verify(self, tokens: int) -> float:
-        """Seconds to verify ``tokens`` (interpolated between observed buckets; beyond them,
+        """Seconds to verify ``tokens`` (interpolated between published buckets; beyond them,
         extrapolated linearly from the two nearest, never below the nearest)."""
-        known = self.known_verify_buckets()
-        if not known:
+        pts = self._points(0)
+        if not pts:
             return float(tokens)  # no data: proportional to the tokens (explore first)
-        xs = [2.0 ** b for b in known]
-        ys = [self.verify_by_bucket[b].value for b in known]
-        if len(xs) == 1:
-            return ys[0] * max(1.0, tokens / xs[0])
         t = float(tokens)
-        if t <= xs[0]:
-            return ys[0]
-        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if len(pts) == 1:
+            return pts[0][1] * max(1.0, t / pts[0][0])
+        if t <= pts[0][0]:
+            return pts[0][1]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
             if t <= x1:
                 return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
-        (x0, y0), (x1, y1) = (xs[-2], ys[-2]), (xs[-1], ys[-1])
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
         return max(y1, y1 + (y1 - y0) * (t - x1) / (x1 - x0))
 
-    def _nearest(self, table: dict[int, _Ema], x: int, default: float) -> float:
-        if not table:
-            return default
+    def _nearest(self, row: int, x: int) -> float:
+        pts = [(b, float(self._table[row, b])) for b in range(self.BUCKETS) if self._seen[row, b]]
+        if not pts:
+            return 0.0
         b = self.bucket(x)
-        key = min(table, key=lambda k: (abs(k - b), k))
-        return table[key].value * (2.0 ** (b - key) if b > key else 1.0)
+        key, value = min(pts, key=lambda kv: (abs(kv[0] - b), kv[0]))
+        return value * (2.0 ** (b - key) if b > key else 1.0)
 
     def draft_pass(self, bs: int) -> float:
-        return self._nearest(self.pass_by_bucket, bs, 0.0)
+        return self._nearest(1, bs)
 
     def fixed(self, bs: int) -> float:
-        return self._nearest(self.fixed_by_bucket, bs, 0.0)
+        return self._nearest(2, bs)
 
     def step(self, *, bs: int, num_nodes: int, passes: int) -> float:
         """Predicted seconds of a step verifying ``num_nodes`` per request after ``passes`` draft passes."""
         return self.fixed(bs) + passes * self.draft_pass(bs) + self.verify(bs * num_nodes)
 
     def as_dict(self) -> dict:
-        return {"verify_s_by_tokens": {2 ** b: round(e.value, 6) for b, e in sorted(self.verify_by_bucket.items())},
-                "draft_pass_s_by_bs": {2 ** b: round(e.value, 6) for b, e in sorted(self.pass_by_bucket.items())},
-                "fixed_s_by_bs": {2 ** b: round(e.value, 6) for b, e in sorted(self.fixed_by_bucket.items())}}
+        names = ("verify_s_by_tokens", "draft_pass_s_by_bs", "fixed_s_by_bs")
+        return {name: {2 ** b: round(v, 6) for b, v in ((b, float(self._table[r, b])) for b in range(self.BUCKETS))
+                       if self._seen[r, b]} for r, name in enumerate(names)}
 
 
 # -- value ---------------------------------------------------------------------------------------
@@ -145,8 +158,9 @@ class AcceptanceCalibration:
                            (torch.pow(0.7, depth)[:, None] * rank[None, :]).flatten()])
         self.prior = prior.to(self.device)
         self.prior_weight = float(prior_weight)
-        self.shown = torch.zeros(self.num_bins, dtype=torch.float32, device=self.device)
-        self.accepted = torch.zeros(self.num_bins, dtype=torch.float32, device=self.device)
+        # integer counts: deterministic on every device, so tensor-parallel ranks agree exactly
+        self.shown = torch.zeros(self.num_bins, dtype=torch.int64, device=self.device)
+        self.accepted = torch.zeros(self.num_bins, dtype=torch.int64, device=self.device)
 
     # feature -> bin
     def score_bins(self, scores: torch.Tensor) -> torch.Tensor:
@@ -172,14 +186,14 @@ class AcceptanceCalibration:
 
     def probability(self, bins: torch.Tensor) -> torch.Tensor:
         """Calibrated acceptance probability of each bin index (any shape)."""
-        p = (self.accepted + self.prior * self.prior_weight) / (self.shown + self.prior_weight)
+        p = (self.accepted.float() + self.prior * self.prior_weight) / (self.shown.float() + self.prior_weight)
         return p.clamp(0.0, 1.0)[bins.clamp(0, self.num_bins - 1)]
 
     def update(self, bins: torch.Tensor, shown: torch.Tensor, accepted: torch.Tensor) -> None:
         """Record verify results: ``bins`` / ``shown`` / ``accepted`` of the same shape (no host read)."""
         flat = bins.reshape(-1).clamp(0, self.num_bins - 1)
-        self.shown.index_add_(0, flat, shown.reshape(-1).float())
-        self.accepted.index_add_(0, flat, accepted.reshape(-1).float())
+        self.shown.index_add_(0, flat, shown.reshape(-1).to(torch.int64))
+        self.accepted.index_add_(0, flat, accepted.reshape(-1).to(torch.int64))
 
     def as_dict(self) -> dict:
         """Observed acceptance rate and count per bin, by source."""

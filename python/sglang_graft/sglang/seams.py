@@ -81,6 +81,8 @@ FUTURE_MAP = Seam("sglang.srt.managers.overlap_utils.FutureMap", "relay draft st
 DISAGG_DRAFT_INPUT = Seam(f"{_SW}.eagle_disaggregation.build_eagle_disagg_draft_input",
                           "build the draft input of a disaggregated decode")
 IS_CPU = Seam("sglang.srt.utils.is_cpu", "tell the CPU path apart")
+TP_GROUP = Seam("sglang.srt.distributed.parallel_state.get_tp_group",
+                "average measured step costs over the tensor-parallel ranks (identical decisions)")
 HOOK_REGISTRY = Seam("sglang.srt.plugins.hook_registry.HookRegistry", "wrap SGLang functions")
 HOOK_TYPE = Seam("sglang.srt.plugins.hook_registry.HookType", "wrap SGLang functions")
 

@@ -94,7 +94,7 @@ class GraftStepper:
     EXPLORE_EVERY = 32  # one step in this many measures a budget in turn (the cost model's data)
 
     def __init__(self, cfg: GraftConfig, retrieval: GraftRetrieval, num_steps: int, topk: int,
-                 budgets: Sequence[int], device) -> None:
+                 budgets: Sequence[int], device, all_reduce_sum=None) -> None:
         self.cfg = cfg
         self.retrieval = retrieval
         self.num_steps = num_steps
@@ -105,11 +105,24 @@ class GraftStepper:
         self.device = device
         self.calibration = AcceptanceCalibration(device)
         self.cost = StepCost()
+        self.all_reduce_sum = all_reduce_sum  # sums a CPU tensor over the tensor-parallel ranks, or None
         self.timer = StepTimer()
         self.stats = StepStats()
         self.checkpoints = cfg.resolved_checkpoints(num_steps)
         self.last_plan: Optional[StepPlan] = None
         self.prune = {n: cfg.prune_config(n, num_steps) for n in self.budgets}
+
+    def explore_index(self) -> Optional[int]:
+        """The budget this step measures, if it is an exploring step: each budget in turn for the
+        first steps, then one step in ``EXPLORE_EVERY`` (deterministic: the same on every rank)."""
+        n, step = len(self.budgets), self.stats.steps
+        if n < 2:
+            return None
+        if step < n:
+            return step
+        if step % self.EXPLORE_EVERY == 0:
+            return (step // self.EXPLORE_EVERY) % n
+        return None
 
     # -- 1. before the draft ---------------------------------------------------------------------
     def begin(self, rids: list, root: torch.Tensor) -> StepPlan:
@@ -125,8 +138,7 @@ class GraftStepper:
             expected = expected_tokens(values, (self.max_nodes,))[:, 0] - 1.0
             confident = expected >= self.cfg.skip_draft_tokens if self.cost_aware else \
                 torch.zeros(bs, dtype=torch.bool, device=root.device)
-        step = self.stats.steps
-        explore = self.cost_aware and step % self.EXPLORE_EVERY == 0 and len(self.budgets) > 1
+        explore = self.cost_aware and self.explore_index() is not None
         self.last_plan = StepPlan(rids=rids, root=root, proposals=proposals, proposal_bins=bins, retrieval_confident=confident,
                         scopes=scopes, exit_depth=torch.full((bs,), self.num_steps - 1, dtype=torch.int64,
                                                              device=root.device),
@@ -195,7 +207,7 @@ class GraftStepper:
         expected = expected_tokens(union, self.budgets).sum(0).tolist()
         secs = [self.cost.step(bs=bs, num_nodes=n, passes=plan.passes) for n in self.budgets]
         if plan.explore:
-            k = (self.stats.steps // self.EXPLORE_EVERY) % len(self.budgets)
+            k = self.explore_index()
         else:
             k = choose_budget(expected, secs)
         n = plan.num_nodes = self.budgets[k]
@@ -235,6 +247,9 @@ class GraftStepper:
         self.cost.observe(tokens=bs * plan.num_nodes, bs=bs, verify_s=phases["verify"] + phases["draft_extend"],
                           passes=plan.passes, draft_s=phases["draft"],
                           fixed_s=phases["retrieval"] + phases["tree"] + phases["other"])
+        if self.stats.steps <= len(self.budgets) or self.stats.steps % self.EXPLORE_EVERY == 1:
+            # the same steps on every rank: decisions read the published (rank-averaged) table
+            self.cost.publish(self.all_reduce_sum)
 
     def as_dict(self) -> dict:
         return {**self.stats.as_dict(), "step_time": self.timer.as_dict(), "cost_model": self.cost.as_dict(),

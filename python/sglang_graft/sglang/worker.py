@@ -327,7 +327,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
                                         self.device, max_requests=(server_args.max_running_requests or 48) + 1)
         self.budgets = self.graft_cfg.resolved_budgets(self.speculative_num_draft_tokens)
         self.stepper = GraftStepper(self.graft_cfg, self.retrieval, self.speculative_num_steps, self.topk,
-                                    self.budgets, self.device)
+                                    self.budgets, self.device, all_reduce_sum=_tp_all_reduce_sum())
         self._budget_states: dict = {}
         if self._draft_worker is not None:
             dw = self._draft_worker
@@ -493,6 +493,19 @@ class GraftWorkerV2(EAGLEWorkerV2):
             "graft_verify": [verify_mode] * bs,
         })
         lo.customized_info = info_out
+
+
+def _tp_all_reduce_sum():
+    """A sum over the tensor-parallel ranks' CPU group (None with one rank): the cost-aware step's
+    measured costs are averaged over the ranks so that every rank builds the same tree."""
+    group = seams.TP_GROUP.resolve()()
+    if group.world_size <= 1:
+        return None
+
+    def all_reduce_sum(tensor: torch.Tensor) -> None:
+        torch.distributed.all_reduce(tensor, group=group.cpu_group)
+
+    return all_reduce_sum
 
 
 seams.check_overrides(GraftWorkerV2, seams.EAGLE_WORKER, seams.WORKER_OVERRIDES)
