@@ -300,6 +300,17 @@ def render_markdown(results: list[dict]) -> str:
             lines.append(f"| {n} | " + " | ".join(fmt.format(by[(n, c)][key]) if (n, c) in by else "-" for c in cats)
                          + f" | {fmt.format(sum(vals) / len(vals))} |")
     lines.append("")
+    lines.append("Client time per verify step, every method (ms; prefill included, so an upper bound):")
+    lines.append("")
+    lines.append("| method | " + " | ".join(cats) + " |")
+    lines.append("|---|" + "---|" * len(cats))
+    for n in names:
+        cells = []
+        for c in cats:
+            r = by.get((n, c))
+            cells.append("-" if r is None else f"{1000 * r['tau'] / r['tok_per_s']:.0f}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines.append("")
     lines.append("| method | category | tau | tok/s | speedup | retrieval share | identical |")
     lines.append("|---|---|---|---|---|---|---|")
     for r in results:
