@@ -31,7 +31,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-__all__ = ["RecyclingMatrix", "RecyclingTemplate", "ScopeTable", "DEFAULT_WIDTHS", "build_template"]
+from ..kernels import device_kernels
+
+__all__ = ["scatter_last_wins", "RecyclingMatrix", "RecyclingTemplate", "ScopeTable", "DEFAULT_WIDTHS", "build_template"]
 
 # Published token-recycling profile: 52 nodes over 9 depths.
 DEFAULT_WIDTHS: tuple[int, ...] = (8, 10, 8, 6, 5, 4, 4, 4, 3)
@@ -121,6 +123,25 @@ class _DeviceTemplate:
             if d > 0:
                 parents = torch.from_numpy(template.parents[begin:end] - offsets[d - 1]).to(device)
             self.levels.append((ranks, parents))
+
+
+def scatter_last_wins(table: torch.Tensor, rows_index: torch.Tensor, node_topk: torch.Tensor) -> None:
+    """``table[rows_index[i]] = node_topk[i]``, the last duplicate winning (torch reference of
+    the ``recycle_scatter`` kernel).
+
+    A stable sort groups equal rows with their original order kept, so the last member of each
+    run is the last occurrence; every member then writes the winner's row, so the result does
+    not depend on the order the device applies the writes in.
+    """
+    n = rows_index.shape[0]
+    sorted_rows, order = torch.sort(rows_index, stable=True)
+    positions = torch.arange(n, device=rows_index.device)
+    run_last = torch.ones(n, dtype=torch.bool, device=rows_index.device)
+    run_last[:-1] = sorted_rows[1:] != sorted_rows[:-1]
+    run_end = torch.where(run_last, positions, n)
+    run_end = torch.flip(torch.cummin(torch.flip(run_end, (0,)), 0).values, (0,))
+    winners = order[run_end]
+    table.index_copy_(0, sorted_rows, node_topk.index_select(0, winners).to(table.dtype))
 
 
 class RecyclingMatrix:
@@ -236,21 +257,22 @@ class RecyclingMatrix:
             raise ValueError(f"node_topk must be [{n}, {self.k}], got {tuple(node_topk.shape)}")
         if n == 0:
             return
+        rows_index = self.row_index(node_tokens, scopes, valid)
+        kernels = device_kernels(self.successors.device)
+        if kernels is not None:
+            kernels.recycle_scatter(self.successors, rows_index, node_topk)
+        else:
+            scatter_last_wins(self.successors, rows_index, node_topk)
+
+    def row_index(
+        self, node_tokens: torch.Tensor, scopes: torch.Tensor | None = None, valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """int64 [n]: the table row each node writes (its scope's row, or the scope's dump row
+        where ``valid`` is False)."""
         rows_index = node_tokens.to(torch.int64)
         if valid is not None:
             rows_index = torch.where(valid, rows_index, self.vocab_size + 1)
-        rows_index = rows_index + self._scope_offsets(scopes, n)
-        # Stable sort groups equal rows with their original order kept, so the last member
-        # of each run is the last occurrence. Every member then writes the winner's row.
-        sorted_rows, order = torch.sort(rows_index, stable=True)
-        positions = torch.arange(n, device=node_tokens.device)
-        run_last = torch.ones(n, dtype=torch.bool, device=node_tokens.device)
-        run_last[:-1] = sorted_rows[1:] != sorted_rows[:-1]
-        run_end = torch.where(run_last, positions, n)
-        run_end = torch.flip(torch.cummin(torch.flip(run_end, (0,)), 0).values, (0,))
-        winners = order[run_end]
-        rows = node_topk.index_select(0, winners).to(torch.int32)
-        self.successors.index_copy_(0, sorted_rows, rows)
+        return rows_index + self._scope_offsets(scopes, node_tokens.shape[0])
 
     def propose(
         self, root_tokens: torch.Tensor, widths: Sequence[int] | None = None, scopes: torch.Tensor | None = None

@@ -32,7 +32,9 @@ from sglang_graft.sglang import sampling, seams
 from sglang_graft.sglang.metrics import maybe_prometheus
 from sglang_graft.sglang.retrieval_state import GraftRetrieval, NotAdmittedError
 from sglang_graft.sglang.step import GraftStepper, StepPlan
-from sglang_graft.tree import DraftPool, TreeMaskMode, chain_pool, draft_pool_from_sglang, encode_tree_mask
+from sglang_graft.tree import (
+    DraftPool, TreeMaskMode, chain_pool, draft_pool_from_sglang, encode_tree_mask, write_tree_mask,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +262,7 @@ class GraftDraftWorker(EagleDraftWorker):
             num_nodes = plan.num_nodes
             self.use_budget(num_nodes)
             layout, tree = step.layout, step.tree
-            mask = self._verify_mask(layout.ancestor_mask, batch, target_worker, tree_mask_mode)
+            mask = self._verify_mask(layout, batch, target_worker, tree_mask_mode)
             idx = torch.arange(num_nodes, device=layout.positions.device)
             info = GraftStepInfo(stage=step.pruned.stage, retrieval_only=tree.from_retrieval & ~tree.from_draft,
                                  verified_nodes=tree.linked | (idx == 0),
@@ -296,19 +298,18 @@ class GraftDraftWorker(EagleDraftWorker):
             self.retrieval.add_roots([rids[i] for i in rows], roots)
 
     @staticmethod
-    def _verify_mask(ancestor_mask, batch, target_worker, tree_mask_mode) -> torch.Tensor:
-        """The tree mask in the target attention backend's encoding (in its buffer when it owns one)."""
+    def _verify_mask(layout, batch, target_worker, tree_mask_mode) -> torch.Tensor:
+        """The tree mask in the target attention backend's encoding, in its buffer when it owns
+        one (the ``tree_mask`` kernel on CUDA: no host read)."""
         backend = target_worker.model_runner.attn_backend
         verify_mask = getattr(backend, "verify_mask", None)
         mode = TreeMaskMode(int(verify_mask.mode if verify_mask is not None else tree_mask_mode))
+        if verify_mask is not None and verify_mask.fits(batch.seq_lens.shape[0]):
+            return write_tree_mask(layout, batch.seq_lens, mode, verify_mask.buffer, batch.seq_lens_sum)
         seq_lens_sum = batch.seq_lens_sum
         if seq_lens_sum is None and mode == TreeMaskMode.FULL_MASK:
             seq_lens_sum = int(batch.seq_lens.sum())
-        mask = encode_tree_mask(ancestor_mask, mode, batch.seq_lens, seq_lens_sum)
-        if verify_mask is not None and verify_mask.fits(batch.seq_lens.shape[0]):
-            verify_mask.buffer.view(-1)[: mask.numel()].copy_(mask.view(-1))
-            mask = verify_mask.buffer
-        return mask
+        return encode_tree_mask(layout.ancestor_mask, mode, batch.seq_lens, seq_lens_sum)
 
 
 class GraftWorkerV2(EAGLEWorkerV2):

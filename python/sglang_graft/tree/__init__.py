@@ -23,12 +23,15 @@ from .draft import (
     tree_from_sglang_selection,
 )
 from .flatten import (
+    ancestor_bits,
     bitpacked_tree_mask,
     encode_tree_mask,
     flatten,
+    flatten_torch,
     full_tree_mask,
     links_from_parents,
     tree_layout_from_mask,
+    write_tree_mask,
 )
 from .graft import Placement, graft, graft_anchor
 from .guards import HostSyncError, forbid_host_sync
@@ -90,6 +93,9 @@ __all__ = [
     "graft_anchor",
     "graft",
     "flatten",
+    "flatten_torch",
+    "ancestor_bits",
+    "write_tree_mask",
     "links_from_parents",
     "full_tree_mask",
     "bitpacked_tree_mask",

@@ -15,11 +15,15 @@ from typing import Optional
 
 import torch
 
+from ..kernels import device_kernels
 from ._ops import ancestor_or_self, first_true_index
 from .types import TreeMaskMode, VerifyLayout
 
 __all__ = [
     "flatten",
+    "flatten_torch",
+    "ancestor_bits",
+    "write_tree_mask",
     "links_from_parents",
     "full_tree_mask",
     "bitpacked_tree_mask",
@@ -61,7 +65,35 @@ def flatten(
     seq_lens: torch.Tensor,
     linked: Optional[torch.Tensor] = None,
 ) -> VerifyLayout:
-    """Verify layout of a batch of ``N``-node trees.
+    """Verify layout of a batch of ``N``-node trees: the ``tree_layout`` Triton kernel on CUDA
+    (``N <= 64``), else :func:`flatten_torch`, its reference (same arguments and result, plus
+    ``ancestor_bits`` from the kernel)."""
+    if linked is None:
+        linked = parents >= 0
+    kernels = device_kernels(parents.device)
+    if kernels is None or parents.shape[1] > kernels.MAX_NODES:
+        return flatten_torch(tokens, parents, seq_lens, linked)
+    out = kernels.tree_layout(parents.to(torch.int64), linked, seq_lens)
+    return VerifyLayout(
+        draft_token=None if tokens is None else tokens.to(torch.int64).reshape(-1),
+        positions=out["positions"],
+        ancestor_mask=out["ancestor_mask"],
+        retrive_index=out["retrive_index"],
+        retrive_next_token=out["retrive_next_token"],
+        retrive_next_sibling=out["retrive_next_sibling"],
+        depth=out["depth"],
+        max_depth=out["max_depth"],
+        ancestor_bits=out["ancestor_bits"],
+    )
+
+
+def flatten_torch(
+    tokens: Optional[torch.Tensor],
+    parents: torch.Tensor,
+    seq_lens: torch.Tensor,
+    linked: Optional[torch.Tensor] = None,
+) -> VerifyLayout:
+    """Verify layout of a batch of ``N``-node trees (torch reference of ``tree_layout``).
 
     Args:
         tokens: ``[bs, N] int64`` node tokens (node 0 = root = last committed token), or
@@ -148,6 +180,43 @@ def bitpacked_tree_mask(ancestor_mask: torch.Tensor) -> torch.Tensor:
     )
     packed = (ancestor_mask.to(torch.int64) * weights).sum(dim=2)
     return packed.reshape(-1).to(dtype)
+
+
+def ancestor_bits(ancestor_mask: torch.Tensor) -> torch.Tensor:
+    """``[bs, N, N]`` bool -> ``[bs, N]`` int64 bitmasks (bit ``j`` = column ``j``; ``N <= 64``,
+    bit 63 is the sign bit)."""
+    n = ancestor_mask.shape[-1]
+    if n > 64:
+        raise ValueError(f"ancestor bitmasks hold at most 64 nodes, got {n}")
+    weights = torch.ones(n, dtype=torch.int64, device=ancestor_mask.device) << torch.arange(
+        n, device=ancestor_mask.device
+    )
+    return (ancestor_mask.to(torch.int64) * weights).sum(dim=-1)
+
+
+def write_tree_mask(
+    layout: VerifyLayout,
+    seq_lens: torch.Tensor,
+    mode: TreeMaskMode | int,
+    out: torch.Tensor,
+    seq_lens_sum: Optional[int] = None,
+) -> torch.Tensor:
+    """Write ``layout``'s mask into an attention backend's buffer ``out`` (returned).
+
+    The cells written are those of :func:`encode_tree_mask` (FULL: whole rows, prefix columns
+    True; cells past the batch untouched). On CUDA the ``tree_mask`` kernel does it from
+    ``layout.ancestor_bits`` with no host read (``seq_lens_sum`` unused); elsewhere the torch
+    encoder builds the mask and copies it in (FULL reads ``seq_lens_sum`` from the device when
+    it is None).
+    """
+    mode = TreeMaskMode(int(mode))
+    kernels = device_kernels(out.device)
+    if kernels is not None and mode != TreeMaskMode.QLEN_ONLY and layout.ancestor_mask.shape[-1] <= kernels.MAX_NODES:
+        bits = layout.ancestor_bits if layout.ancestor_bits is not None else ancestor_bits(layout.ancestor_mask)
+        return kernels.tree_mask(bits, seq_lens, int(mode), out)
+    mask = encode_tree_mask(layout.ancestor_mask, mode, seq_lens, seq_lens_sum)
+    out.view(-1)[: mask.numel()].copy_(mask.view(-1).to(out.dtype))
+    return out
 
 
 def encode_tree_mask(

@@ -254,6 +254,8 @@ class VerifyLayout:
         max_depth: ``[bs] int64`` deepest node reachable through the links; the verify
             kernels need an ``accept_index`` width of at least ``max_depth + 1``.
         tree_mask: flat mask in the encoding requested from the builder, or None.
+        ancestor_bits: ``[bs, N] int64`` the ancestor mask as bitmasks (bit ``j`` = column
+            ``j``), when the builder produced them (the ``tree_layout`` kernel), else None.
     """
 
     draft_token: Optional[torch.Tensor]
@@ -265,6 +267,7 @@ class VerifyLayout:
     depth: torch.Tensor
     max_depth: torch.Tensor
     tree_mask: Optional[torch.Tensor] = None
+    ancestor_bits: Optional[torch.Tensor] = None
 
     # EagleVerifyInput spells these ``retrieve_*``; the kernels spell them ``retrive_*``.
     @property

@@ -1,0 +1,299 @@
+"""GRAFT's Triton kernels against their torch references, on a GPU or under the Triton interpreter.
+
+    python benchmark/gpu_check.py --out DIR                 # CUDA: >= 2,000 cases per kernel,
+                                                            # sync-debug, graph replay, timings
+    TRITON_INTERPRET=1 python benchmark/gpu_check.py --interpret --out DIR   # CPU, small cases
+
+Writes ``DIR/gpu_check.json``: ``{"kernels": {NAME: {"cases", "mismatches", "first_mismatch"}},
+"sync_debug": ..., "graph_replay": ..., "timings": [...]}`` (the last three on CUDA only) and
+exits 1 on any mismatch or failed check. Needs torch and triton, not SGLang.
+
+Cases: trees with N in {2, 16, 61, 64} (interpreter: {2, 5, 16}), bs in {1, 7, 48} (interpreter:
+{1, 3}), of several shapes (random, chains, stars, forests, labels out of order, unlinked
+padding and unlinked interior nodes) plus trees built by the GRAFT pipeline itself (draft +
+retrieval with duplicates, ties and padding); recycling updates with many duplicate rows,
+several scopes and padding rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("SGLANG_GRAFT_STANDALONE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "kernels"), str(ROOT / "benchmark")]
+
+import torch  # noqa: E402
+
+import sglang_graft_kernels as K  # noqa: E402
+from sglang_graft.kernels import KERNELS_ENV  # noqa: E402
+from sglang_graft.retrieval.recycling_matrix import RecyclingMatrix, scatter_last_wins  # noqa: E402
+from sglang_graft.tree import (  # noqa: E402
+    PruneConfig,
+    TreeMaskMode,
+    ancestor_bits,
+    build_graft_tree,
+    encode_tree_mask,
+    flatten_torch,
+    write_tree_mask,
+)
+from tree_bench import make_pool, make_proposals, timed, to_device  # noqa: E402
+
+LAYOUT_FIELDS = ("positions", "depth", "ancestor_mask", "retrive_index", "retrive_next_token",
+                 "retrive_next_sibling", "max_depth")
+CANARY = 7
+
+
+# ----------------------------------------------------------------------------------------- cases
+def random_trees(bs: int, n: int, kind: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(parents [bs, n] int64, linked [bs, n] bool)`` of one shape family."""
+    j = torch.arange(n)
+    if kind == "chain":
+        parents = (j - 1).expand(bs, n).clone()
+    elif kind == "star":
+        parents = torch.where(j == 0, -1, 0).expand(bs, n).clone()
+    else:
+        parents = (torch.rand(bs, n, generator=gen) * j).long()  # uniform in [0, j)
+        parents[:, 0] = -1
+    if kind == "forest":  # several roots
+        parents = torch.where(torch.rand(bs, n, generator=gen) < 0.2, -1, parents)
+    linked = parents >= 0
+    if kind == "padded":  # SGLang-style padding: a tail of unlinked nodes under the root
+        tail = j >= n - torch.randint(0, n, (bs, 1), generator=gen)
+        parents = torch.where(tail & (j > 0), 0, parents)
+        linked = linked & ~tail
+    if kind == "unlinked":  # unlinked interior nodes (their subtrees become unreachable)
+        linked = linked & (torch.rand(bs, n, generator=gen) > 0.2)
+    if kind == "permuted":  # parents need not precede children
+        perm = torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(n - 1, generator=gen) + 1]) if n > 1 else j
+        inv = torch.empty_like(perm)
+        inv[perm] = j
+        parents = torch.where(parents[:, perm] >= 0, inv[parents[:, perm].clamp(min=0)], -1)
+        linked = linked[:, perm]
+    return parents, linked
+
+
+def pipeline_trees(bs: int, n: int, gen: torch.Generator, device: str):
+    """Trees of the GRAFT pipeline (draft + retrieval, duplicates, padding) and their seq_lens."""
+    vocab = int(torch.randint(3, 60, (1,), generator=gen))  # a small vocabulary forces duplicate tokens
+    pool = to_device(make_pool(bs, 4, 4, vocab, gen), device)
+    proposals = to_device(make_proposals(bs, max(n - 1, 1), vocab, gen), device)
+    roots = torch.randint(0, vocab, (bs,), generator=gen).to(device)
+    seq_lens = torch.randint(0, 40, (bs,), generator=gen).to(device)
+    keep = torch.randint(0, n, (bs,), generator=gen).to(device)
+    step = build_graft_tree(pool, roots, proposals, seq_lens, n, PruneConfig(), num_keep=keep)
+    return step.tree.parents, step.tree.linked, seq_lens
+
+
+def tree_cases(sizes, batches, per_shape: int, device: str, gen: torch.Generator):
+    kinds = ("random", "chain", "star", "forest", "padded", "unlinked", "permuted", "pipeline")
+    for n in sizes:
+        for bs in batches:
+            for kind in kinds:
+                for _ in range(per_shape):
+                    if kind == "pipeline":
+                        parents, linked, seq_lens = pipeline_trees(bs, n, gen, device)
+                    else:
+                        parents, linked = random_trees(bs, n, kind, gen)
+                        seq_lens = torch.randint(0, 40, (bs,), generator=gen)
+                    yield f"{kind} N={n} bs={bs}", parents.to(device), linked.to(device), seq_lens.to(device)
+
+
+# ------------------------------------------------------------------------------------ checks
+class Tally:
+    def __init__(self) -> None:
+        self.cases = 0
+        self.mismatches = 0
+        self.first = None
+
+    def check(self, name: str, ok: bool, detail: str = "") -> None:
+        self.cases += 1
+        if not ok:
+            self.mismatches += 1
+            self.first = self.first or f"{name}: {detail}"
+
+    def json(self) -> dict:
+        return {"cases": self.cases, "mismatches": self.mismatches, "first_mismatch": self.first}
+
+
+def check_tree_kernels(cases, tallies: dict) -> None:
+    for name, parents, linked, seq_lens in cases:
+        ref = flatten_torch(None, parents, seq_lens, linked)
+        got = K.tree_layout(parents, linked, seq_lens)
+        bad = [f for f in LAYOUT_FIELDS if not torch.equal(got[f].cpu(), getattr(ref, f).cpu())]
+        if not torch.equal(got["ancestor_bits"].cpu(), ancestor_bits(ref.ancestor_mask).cpu()):
+            bad.append("ancestor_bits")
+        tallies["tree_layout"].check(name, not bad, f"fields {bad}")
+
+        bs, n = parents.shape
+        total = int(seq_lens.sum()) * n + bs * n * n
+        want = encode_tree_mask(ref.ancestor_mask, TreeMaskMode.FULL_MASK, seq_lens, int(seq_lens.sum()))
+        buf = torch.full((total + 33,), CANARY, dtype=torch.uint8, device=parents.device)
+        K.tree_mask(got["ancestor_bits"], seq_lens, 0, buf)
+        ok = torch.equal(buf[:total].cpu(), want.to(torch.uint8).cpu()) and bool((buf[total:] == CANARY).all())
+        tallies["tree_mask"].check(name + " FULL", ok, "FULL cells differ or canary overwritten")
+        if n <= 32:
+            want = encode_tree_mask(ref.ancestor_mask, TreeMaskMode.QLEN_ONLY_BITPACKING)
+            storage = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[want.element_size()]
+            buf = torch.full((bs * n + 5,), CANARY, dtype=storage, device=parents.device)
+            K.tree_mask(got["ancestor_bits"], seq_lens, 2, buf)
+            ok = torch.equal(buf[: bs * n].cpu(), want.view(storage).cpu()) and bool((buf[bs * n:] == CANARY).all())
+            tallies["tree_mask"].check(name + " packed", ok, "packed rows differ or canary overwritten")
+
+
+def recycle_cases(count: int, max_nodes: int, device: str, gen: torch.Generator):
+    for c in range(count):
+        vocab = int(torch.randint(1, 80, (1,), generator=gen))
+        k = (1, 2, 4, 8)[c % 4]
+        scopes = 1 + c % 3
+        n = int(torch.randint(0, max_nodes + 1, (1,), generator=gen))
+        rm = RecyclingMatrix(vocab, k=k, widths=(1,), device=device, num_scopes=scopes)
+        rm.successors.copy_(torch.randint(0, vocab + 1, rm.successors.shape, generator=gen).to(device))
+        tokens = torch.randint(0, vocab, (n,), generator=gen).to(device)
+        scope = torch.randint(0, scopes, (n,), generator=gen).to(device)
+        valid = (torch.rand(n, generator=gen) > 0.2).to(device)
+        topk = torch.randint(0, vocab, (n, k), generator=gen).to(device)
+        yield f"n={n} vocab={vocab} k={k} scopes={scopes}", rm, rm.row_index(tokens, scope, valid), topk
+
+
+def check_recycle(cases, tally: Tally) -> None:
+    for name, rm, rows, topk in cases:
+        want = rm.successors.clone()
+        scatter_last_wins(want, rows, topk)
+        got = rm.successors.clone()
+        K.recycle_scatter(got, rows, topk)
+        tally.check(name, torch.equal(got.cpu(), want.cpu()), "tables differ")
+
+
+# ------------------------------------------------------------------------- CUDA-only checks
+def step_inputs(bs: int, n: int, gen: torch.Generator):
+    pool = to_device(make_pool(bs, 8, 6, 32000, gen), "cuda")
+    proposals = to_device(make_proposals(bs, n - 1, 32000, gen), "cuda")
+    roots = torch.randint(0, 32000, (bs,), generator=gen).cuda()
+    seq_lens = torch.randint(100, 2000, (bs,), generator=gen).cuda()
+    buf = torch.ones(int(seq_lens.sum()) * n + bs * n * n, dtype=torch.bool, device="cuda")
+    return pool, proposals, roots, seq_lens, buf
+
+
+def tree_step(pool, proposals, roots, seq_lens, buf, n):
+    """The tree part of a GRAFT step: prune -> graft -> flatten and the FULL mask into a buffer."""
+    step = build_graft_tree(pool, roots, proposals, seq_lens, n, PruneConfig())
+    write_tree_mask(step.layout, seq_lens, TreeMaskMode.FULL_MASK, buf)
+    return step
+
+
+def capture(fn):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def cuda_checks(result: dict, gen: torch.Generator) -> bool:
+    ok = True
+    n, bs = 61, 48
+    inputs = step_inputs(bs, n, gen)
+    tree_step(*inputs, n)  # compile the kernels outside the checks
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        graph, out = capture(lambda: tree_step(*inputs, n))
+        graph.replay()
+        tree_step(*inputs, n)
+        result["sync_debug"] = {"mode": "error", "ok": True, "scope": "tree step, eager and captured"}
+    except Exception as e:  # a sync inside the step
+        result["sync_debug"] = {"mode": "error", "ok": False, "error": repr(e)[:500]}
+        ok = False
+        graph = None
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    if graph is not None:
+        eager = tree_step(*inputs, n)
+        mask_eager = inputs[4].clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        same = all(torch.equal(getattr(eager.layout, f), getattr(out.layout, f)) for f in LAYOUT_FIELDS)
+        same = same and torch.equal(eager.tree.tokens, out.tree.tokens) and torch.equal(mask_eager, inputs[4])
+        result["graph_replay"] = {"equal_to_eager": bool(same), "bs": bs, "N": n}
+        ok = ok and same
+
+    rows = []
+    for n in (16, 61):
+        for bs in (1, 16, 64):
+            pool, proposals, roots, seq_lens, buf = step_inputs(bs, n, gen)
+            parents = build_graft_tree(pool, roots, proposals, seq_lens, n, PruneConfig()).tree
+            row = {"bs": bs, "N": n}
+            row["layout_kernel_us"] = 1e3 * timed(
+                lambda: K.tree_mask(K.tree_layout(parents.parents, parents.linked, seq_lens)["ancestor_bits"],
+                                    seq_lens, 0, buf), "cuda", 10, 50)
+            seq_sum = buf.numel() // n - bs * n
+
+            def torch_layout():
+                layout = flatten_torch(None, parents.parents, seq_lens, parents.linked)
+                return encode_tree_mask(layout.ancestor_mask, TreeMaskMode.FULL_MASK, seq_lens, seq_sum)
+
+            row["layout_torch_us"] = 1e3 * timed(torch_layout, "cuda", 10, 50)
+            step = lambda: tree_step(pool, proposals, roots, seq_lens, buf, n)  # noqa: E731
+            row["tree_step_eager_us"] = 1e3 * timed(step, "cuda", 10, 50)
+            os.environ[KERNELS_ENV] = "torch"
+            row["tree_step_eager_torch_us"] = 1e3 * timed(step, "cuda", 10, 50)
+            os.environ[KERNELS_ENV] = "triton"
+            graph, _ = capture(step)
+            row["tree_step_graph_us"] = 1e3 * timed(graph.replay, "cuda", 10, 50)
+            rows.append(row)
+    result["timings"] = rows
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="directory for gpu_check.json")
+    parser.add_argument("--interpret", action="store_true", help="CPU, Triton interpreter, small cases")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.interpret and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("--interpret needs TRITON_INTERPRET=1 in the environment (set before Triton loads)")
+    if not args.interpret and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --interpret under TRITON_INTERPRET=1")
+    device = "cpu" if args.interpret else "cuda"
+    gen = torch.Generator().manual_seed(args.seed)
+    t0 = time.time()
+    result = {"device": "triton-interpreter (cpu)" if args.interpret else torch.cuda.get_device_name(),
+              "torch": torch.__version__, "triton": __import__("triton").__version__, "interpret": args.interpret}
+    tallies = {name: Tally() for name in ("tree_layout", "tree_mask", "recycle_scatter")}
+    ok = True
+    try:
+        if args.interpret:
+            check_tree_kernels(tree_cases((2, 5, 16), (1, 3), 4, device, gen), tallies)
+            check_recycle(recycle_cases(60, 300, device, gen), tallies["recycle_scatter"])
+        else:
+            check_tree_kernels(tree_cases((2, 16, 61, 64), (1, 7, 48), 32, device, gen), tallies)
+            check_recycle(recycle_cases(2000, 3000, device, gen), tallies["recycle_scatter"])
+            ok = cuda_checks(result, gen)
+    except Exception:
+        result["error"] = traceback.format_exc()[-3000:]
+        ok = False
+    result["kernels"] = {name: t.json() for name, t in tallies.items()}
+    result["seconds"] = round(time.time() - t0, 1)
+    ok = ok and all(t.mismatches == 0 and t.cases > 0 for t in tallies.values())
+    result["ok"] = ok
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
