@@ -101,7 +101,7 @@ def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_l
                         "--speculative-graft-keep-fractions", "0", "0", "0",
                         "--speculative-graft-checkpoint-depths", "0", "1", "2"]),
     ("draft-only", ["--speculative-graft-source", "none"]),
-    ("recycle", ["--speculative-graft-source", "recycle"]),
+    ("recycle", ["--speculative-graft-source", "recycle", "--speculative-graft-tp-check", "1"]),
 ])
 def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extra):
     ids, ref = reference
@@ -118,6 +118,8 @@ def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extr
         assert graft["stage_histogram"][0] == graft["verify_steps"]  # every step pruned at the root
     if mode == "draft-only":
         assert retrieved == 0
+    if mode == "recycle":  # the tree hash is read and compared at every step (one rank)
+        assert 0 < graft["tp_checks"] <= graft["verify_steps"]
     if mode == "chain-grafted":  # the first checkpoint passes: the chain is kept, retrieval fills the rest
         assert sum(graft["stage_histogram"][1:]) > 0 and retrieved > 0
 

@@ -58,6 +58,7 @@ class GraftConfig:
     budget: str = "cost"  # cost: per-step budget, draft only what pays; fixed: N every step, every draft pass
     budgets: Tuple[int, ...] = ()  # verify budgets a step may choose; empty = 1, 2, 4, ... below N, and N
     skip_draft_tokens: float = 3.0  # retrieval alone expects this many accepted tokens: no draft passes
+    tp_check: int = 0  # every K steps compare a hash of the verify tree across TP ranks (0 = off)
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:
         """Checkpoint depths for a draft of ``num_steps`` levels (depths 0..num_steps-1)."""
@@ -138,6 +139,8 @@ _FLAGS: dict[str, dict[str, Any]] = {
                     "Budget 1 is a plain decode step."),
     "skip_draft_tokens": dict(type=float, help="cost mode: a request whose retrieved tree alone is expected to "
                               "have this many tokens accepted needs no draft pass."),
+    "tp_check": dict(type=int, help="Every K verify steps, all-reduce a hash of the tree over the tensor-parallel "
+                     "ranks and stop with an error if they differ (0 = off; each check is one host sync)."),
     "per_step_metrics": dict(action=argparse.BooleanOptionalAction, help="Report GRAFT's counts per verify step "
                              "in each response's meta_info (per-step acceptance patterns can fingerprint content); "
                              "by default responses carry per-request totals."),
@@ -190,6 +193,8 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
     if cfg.budgets and (min(cfg.budgets) < 1 or max(cfg.budgets) != num_nodes):
         raise ValueError(f"{flag_name('budgets')} must be >= 1 and end at --speculative-num-draft-tokens "
                          f"{num_nodes}, got {list(cfg.budgets)}")
+    if cfg.tp_check < 0:
+        raise ValueError(f"{flag_name('tp_check')} must be >= 0 (0 = off), got {cfg.tp_check}")
     if cfg.skip_draft_tokens < 0:
         raise ValueError(f"{flag_name('skip_draft_tokens')} must be >= 0, got {cfg.skip_draft_tokens}")
     if cfg.placement == "deepest_draft" and cfg.source not in ("recycle", "none"):

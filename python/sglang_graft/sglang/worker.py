@@ -32,6 +32,7 @@ from sglang_graft.sglang import sampling, seams
 from sglang_graft.sglang.metrics import maybe_prometheus
 from sglang_graft.sglang.retrieval_state import GraftRetrieval, NotAdmittedError
 from sglang_graft.sglang.step import GraftStepper, StepPlan
+from sglang_graft.tp_check import TreeHashCheck
 from sglang_graft.tree import (
     DraftPool, TreeMaskMode, chain_pool, draft_pool_from_sglang, encode_tree_mask, write_tree_mask,
 )
@@ -263,6 +264,7 @@ class GraftDraftWorker(EagleDraftWorker):
             self.use_budget(num_nodes)
             layout, tree = step.layout, step.tree
             mask = self._verify_mask(layout, batch, target_worker, tree_mask_mode)
+            self.tp_check.step((layout.draft_token, tree.parents, tree.linked))
             idx = torch.arange(num_nodes, device=layout.positions.device)
             info = GraftStepInfo(stage=step.pruned.stage, retrieval_only=tree.from_retrieval & ~tree.from_draft,
                                  verified_nodes=tree.linked | (idx == 0),
@@ -328,12 +330,14 @@ class GraftWorkerV2(EAGLEWorkerV2):
                                         self.device, max_requests=(server_args.max_running_requests or 48) + 1)
         self.budgets = self.graft_cfg.resolved_budgets(self.speculative_num_draft_tokens)
         self.stepper = GraftStepper(self.graft_cfg, self.retrieval, self.speculative_num_steps, self.topk,
-                                    self.budgets, self.device, all_reduce_sum=_tp_all_reduce_sum())
+                                    self.budgets, self.device, all_reduce_sum=_tp_all_reduce())
         self._budget_states: dict = {}
+        self.tp_check = TreeHashCheck(self.graft_cfg.tp_check, _tp_all_reduce(torch.distributed.ReduceOp.MAX)
+                                      if self.graft_cfg.tp_check else None)
         if self._draft_worker is not None:
             dw = self._draft_worker
-            dw.graft_cfg, dw.retrieval, dw.stepper, dw.use_budget = (self.graft_cfg, self.retrieval, self.stepper,
-                                                                      self._use_budget)
+            dw.graft_cfg, dw.retrieval, dw.stepper, dw.use_budget, dw.tp_check = (
+                self.graft_cfg, self.retrieval, self.stepper, self._use_budget, self.tp_check)
         self.prometheus = maybe_prometheus(server_args)
         self._plan_bs = 0
         _WORKERS.append(self)
@@ -496,17 +500,19 @@ class GraftWorkerV2(EAGLEWorkerV2):
         lo.customized_info = info_out
 
 
-def _tp_all_reduce_sum():
-    """A sum over the tensor-parallel ranks' CPU group (None with one rank): the cost-aware step's
-    measured costs are averaged over the ranks so that every rank builds the same tree."""
+def _tp_all_reduce(op=None):
+    """An in-place all-reduce (sum by default) over the tensor-parallel ranks' CPU group, None with
+    one rank. The cost-aware step averages its measured costs with it so that every rank builds
+    the same tree; ``--speculative-graft-tp-check`` compares tree hashes with MAX."""
     group = seams.TP_GROUP.resolve()()
     if group.world_size <= 1:
         return None
+    op = torch.distributed.ReduceOp.SUM if op is None else op
 
-    def all_reduce_sum(tensor: torch.Tensor) -> None:
-        torch.distributed.all_reduce(tensor, group=group.cpu_group)
+    def all_reduce(tensor: torch.Tensor) -> None:
+        torch.distributed.all_reduce(tensor, op=op, group=group.cpu_group)
 
-    return all_reduce_sum
+    return all_reduce
 
 
 seams.check_overrides(GraftWorkerV2, seams.EAGLE_WORKER, seams.WORKER_OVERRIDES)
@@ -521,7 +527,8 @@ def server_counters() -> Optional[dict]:
         return None
     worker = _WORKERS[-1]
     retrieval = worker.retrieval
-    return {**retrieval.counters.as_dict(), **retrieval.store_usage(), "economy": worker.stepper.as_dict()}
+    return {**retrieval.counters.as_dict(), **retrieval.store_usage(), "economy": worker.stepper.as_dict(),
+            "tp_checks": worker.tp_check.checks}
 
 
 def release_request(rid) -> None:
