@@ -35,7 +35,9 @@ import sglang_graft_kernels as K  # noqa: E402
 from sglang_graft.kernels import KERNELS_ENV  # noqa: E402
 from sglang_graft.retrieval.recycling_matrix import RecyclingMatrix, scatter_last_wins  # noqa: E402
 from sglang_graft.tree import (  # noqa: E402
+    DraftPool,
     PruneConfig,
+    RetrievalProposals,
     TreeMaskMode,
     ancestor_bits,
     build_graft_tree,
@@ -145,6 +147,86 @@ def check_tree_kernels(cases, tallies: dict) -> None:
             K.tree_mask(got["ancestor_bits"], seq_lens, 2, buf)
             ok = torch.equal(buf[: bs * n].cpu(), want.view(storage).cpu()) and bool((buf[bs * n:] == CANARY).all())
             tallies["tree_mask"].check(name + " packed", ok, "packed rows differ or canary overwritten")
+
+
+STEP_TREE_FIELDS = ("tokens", "parents", "linked", "from_draft", "from_retrieval", "draft_index", "retrieval_index",
+                    "retrieval_slot", "num_draft", "num_retrieved", "num_merged", "anchor_slot")
+
+
+def step_cases(sizes, batches, per_shape: int, device: str, gen: torch.Generator):
+    """Inputs of ``build_graft_tree``: real draft pools, retrieval over a small vocabulary (merges
+    with draft paths, duplicate siblings, invalid nodes), quantised scores (ties), optional
+    cost-aware overrides (``num_keep``, ``depth_limit``)."""
+    shapes = ((1, 4), (2, 3), (4, 4), (8, 3))
+    for n in sizes:
+        for bs in batches:
+            for c in range(per_shape * len(shapes)):
+                topk, steps = shapes[c % len(shapes)]
+                vocab = int(torch.randint(topk + 1, 40, (1,), generator=gen))
+                pool = make_pool(bs, topk, steps, vocab, gen)
+                if c % 3 == 0:  # ties
+                    pool.scores = (pool.scores * 4).round() / 4
+                r = int(torch.randint(0, 2 * n + 2, (1,), generator=gen))
+                proposals = make_proposals(bs, r, vocab, gen) if r else RetrievalProposals.empty(bs)
+                if r and c % 4 == 1:
+                    proposals.valid = torch.rand(bs, r, generator=gen) > 0.3
+                if r and c % 3 == 2:
+                    proposals.scores = (proposals.scores * 3).round() / 3
+                thresholds = tuple(float(x) for x in torch.rand(3, generator=gen).mul(0.6))
+                config = PruneConfig(checkpoint_depths=tuple(sorted({0, 1, steps - 1}))[:3], thresholds=thresholds[
+                    : len(set((0, 1, steps - 1)))], keep_per_stage=(1, 3, 6)[: len(set((0, 1, steps - 1)))])
+                roots = torch.randint(0, vocab, (bs,), generator=gen)
+                seq_lens = torch.randint(0, 50, (bs,), generator=gen)
+                num_keep = torch.randint(-1, n + 2, (bs,), generator=gen) if c % 2 else None
+                depth_limit = torch.randint(0, steps, (bs,), generator=gen) if c % 4 == 3 else None
+                yield (f"topk={topk} steps={steps} N={n} bs={bs} R={r} case={c}",
+                       (pool, roots, proposals, seq_lens, n, config, "root", 0, num_keep, depth_limit))
+
+
+def _on(args: tuple, device: str) -> tuple:
+    return tuple(to_device(a, device) if isinstance(a, (DraftPool, RetrievalProposals))
+                 else a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def check_graft_step(cases, tally: "Tally", device: str) -> None:
+    for name, args in cases:
+        ref = build_graft_tree(*args)  # CPU tensors: the torch pipeline
+        dev_args = _on(args, device)
+        kernels = K if device != "cpu" else None
+        got = K.graft_step(*_kernel_args(dev_args)) if kernels is None else None
+        if got is None:
+            got_step = build_graft_tree(*dev_args)  # CUDA: dispatched to the kernel
+            bad = _step_mismatches(ref, got_step)
+        else:
+            bad = _dict_mismatches(ref, got)
+        tally.check(name, not bad, f"fields {bad}")
+
+
+def _kernel_args(args: tuple) -> tuple:
+    """``graft_step``'s arguments for ``build_graft_tree``'s (placement root)."""
+    pool, roots, proposals, seq_lens, n, config, _, pad, num_keep, depth_limit = args
+    return (pool.tokens, pool.parents, pool.scores, pool.depths, pool.num_steps, roots, proposals.tokens,
+            proposals.parents, proposals.scores, proposals.valid, seq_lens, n,
+            torch.tensor(config.checkpoint_depths, dtype=torch.int64), torch.tensor(config.thresholds),
+            torch.tensor(config.keep_table(n), dtype=torch.int64), pad, num_keep, depth_limit)
+
+
+def _dict_mismatches(ref, got: dict) -> list:
+    bad = [f for f in ("keep", "stage", "confidence", "num_kept") if not torch.equal(got[f], getattr(ref.pruned, f))]
+    bad += [f for f in STEP_TREE_FIELDS if f != "anchor_slot" and not torch.equal(
+        got["num_kept" if f == "num_draft" else f], getattr(ref.tree, f))]
+    bad += [f for f in LAYOUT_FIELDS if not torch.equal(got[f], getattr(ref.layout, f))]
+    return bad
+
+
+def _step_mismatches(ref, got) -> list:
+    bad = [f for f in ("keep", "stage", "confidence", "num_kept")
+           if not torch.equal(getattr(got.pruned, f).cpu(), getattr(ref.pruned, f))]
+    bad += [f for f in STEP_TREE_FIELDS if not torch.equal(getattr(got.tree, f).cpu(), getattr(ref.tree, f))]
+    bad += [f for f in LAYOUT_FIELDS if not torch.equal(getattr(got.layout, f).cpu(), getattr(ref.layout, f))]
+    if not torch.equal(got.layout.draft_token.cpu(), ref.layout.draft_token):
+        bad.append("draft_token")
+    return bad
 
 
 def recycle_cases(count: int, max_nodes: int, device: str, gen: torch.Generator):
@@ -271,15 +353,17 @@ def main() -> int:
     t0 = time.time()
     result = {"device": "triton-interpreter (cpu)" if args.interpret else torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": __import__("triton").__version__, "interpret": args.interpret}
-    tallies = {name: Tally() for name in ("tree_layout", "tree_mask", "recycle_scatter")}
+    tallies = {name: Tally() for name in ("tree_layout", "tree_mask", "recycle_scatter", "graft_step")}
     ok = True
     try:
         if args.interpret:
             check_tree_kernels(tree_cases((2, 5, 16), (1, 3), 4, device, gen), tallies)
             check_recycle(recycle_cases(60, 300, device, gen), tallies["recycle_scatter"])
+            check_graft_step(step_cases((2, 5, 16), (1, 3), 3, device, gen), tallies["graft_step"], device)
         else:
             check_tree_kernels(tree_cases((2, 16, 61, 64), (1, 7, 48), 32, device, gen), tallies)
             check_recycle(recycle_cases(2000, 3000, device, gen), tallies["recycle_scatter"])
+            check_graft_step(step_cases((2, 16, 61, 64), (1, 7, 48), 21, device, gen), tallies["graft_step"], device)
             ok = cuda_checks(result, gen)
     except Exception:
         result["error"] = traceback.format_exc()[-3000:]

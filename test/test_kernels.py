@@ -20,7 +20,7 @@ from sglang_graft.retrieval.recycling_matrix import RecyclingMatrix
 from sglang_graft.tree import TreeMaskMode, encode_tree_mask, flatten, flatten_torch, write_tree_mask
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = ("tree_layout", "tree_mask", "recycle_scatter")
+KERNELS = ("tree_layout", "tree_mask", "recycle_scatter", "graft_step")
 
 
 def test_every_kernel_matches_its_reference_under_the_triton_interpreter(tmp_path):

@@ -13,6 +13,8 @@ kernel                    what                                        reference
                           FULL (tree cells) or bit-packed rows         ``bitpacked_tree_mask``
 ``recycle_scatter``       recycling-matrix rows, last duplicate wins  ``RecyclingMatrix.update``
                           (each row written once: no write race)       (sort + ``index_copy_``)
+``graft_step``            prune -> graft (under the root) -> flatten  ``sglang_graft.tree.
+                          of a request in one program                  build_graft_tree``
 ========================  ==========================================  ==================================
 
 One program per request (tree kernels) or per block of nodes (scatter); no host read, fixed
@@ -20,8 +22,9 @@ launch shapes, so every kernel can run inside a CUDA graph. Trees have at most 6
 (ancestor sets are int64 bitmasks).
 """
 
+from .graft_step import graft_step
 from .recycle import recycle_scatter
 from .tree_layout import MAX_NODES, tree_layout
 from .tree_mask import tree_mask
 
-__all__ = ["MAX_NODES", "tree_layout", "tree_mask", "recycle_scatter"]
+__all__ = ["MAX_NODES", "tree_layout", "tree_mask", "recycle_scatter", "graft_step"]

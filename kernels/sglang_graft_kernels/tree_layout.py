@@ -23,20 +23,15 @@ def _gather(values, index, cols):
 
 
 @triton.jit
-def _tree_layout_kernel(
-    parents_ptr, linked_ptr, seq_lens_ptr,
+def _layout_rows(
+    parent, linked, seq_len, b,
     positions_ptr, depth_ptr, bits_ptr, mask_ptr, next_token_ptr, next_sibling_ptr,
     retrive_index_ptr, max_depth_ptr,
     N: tl.constexpr, BN: tl.constexpr, ROUNDS: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    i = tl.arange(0, BN)
-    ok = i < N
-    i64 = i.to(tl.int64)
-    parent = tl.load(parents_ptr + b * N + i, mask=ok, other=-1).to(tl.int64)
-    linked = tl.load(linked_ptr + b * N + i, mask=ok, other=0) != 0
-    seq_len = tl.load(seq_lens_ptr + b).to(tl.int64)
-
+    """Write request ``b``'s layout from its ``[BN]`` parents (int64) and linked flags (bool)."""
+    i64 = tl.arange(0, BN).to(tl.int64)
+    ok = i64 < N
     # Ancestor-or-self bitmasks by pointer doubling; roots (and padding lanes) jump to themselves.
     jump = tl.where(parent < 0, i64, parent)
     one = tl.full([BN], 1, tl.int64)
@@ -78,7 +73,46 @@ def _tree_layout_kernel(
     tl.store(mask_ptr + mask_offs, cell.to(tl.int8), mask=ok[:, None] & ok[None, :])
 
 
-def _rounds(n: int) -> int:
+@triton.jit
+def _tree_layout_kernel(
+    parents_ptr, linked_ptr, seq_lens_ptr,
+    positions_ptr, depth_ptr, bits_ptr, mask_ptr, next_token_ptr, next_sibling_ptr,
+    retrive_index_ptr, max_depth_ptr,
+    N: tl.constexpr, BN: tl.constexpr, ROUNDS: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BN)
+    ok = i < N
+    parent = tl.load(parents_ptr + b * N + i, mask=ok, other=-1).to(tl.int64)
+    linked = tl.load(linked_ptr + b * N + i, mask=ok, other=0) != 0
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int64)
+    _layout_rows(parent, linked, seq_len, b, positions_ptr, depth_ptr, bits_ptr, mask_ptr, next_token_ptr,
+                 next_sibling_ptr, retrive_index_ptr, max_depth_ptr, N, BN, ROUNDS)
+
+
+def layout_outputs(bs: int, n: int, device) -> dict[str, torch.Tensor]:
+    """Output buffers of a layout (see :func:`tree_layout`)."""
+    i64 = torch.int64
+    return {
+        "positions": torch.empty(bs * n, dtype=i64, device=device),
+        "depth": torch.empty((bs, n), dtype=i64, device=device),
+        "ancestor_bits": torch.empty((bs, n), dtype=i64, device=device),
+        "ancestor_mask": torch.empty((bs, n, n), dtype=torch.bool, device=device),
+        "retrive_next_token": torch.empty((bs, n), dtype=i64, device=device),
+        "retrive_next_sibling": torch.empty((bs, n), dtype=i64, device=device),
+        "retrive_index": torch.empty((bs, n), dtype=i64, device=device),
+        "max_depth": torch.empty(bs, dtype=i64, device=device),
+    }
+
+
+def layout_args(out: dict[str, torch.Tensor]) -> tuple:
+    """The layout pointers in ``_layout_rows`` order."""
+    return (out["positions"], out["depth"], out["ancestor_bits"], out["ancestor_mask"].view(torch.int8),
+            out["retrive_next_token"], out["retrive_next_sibling"], out["retrive_index"], out["max_depth"])
+
+
+def jump_rounds(n: int) -> int:
+    """Pointer-doubling rounds for paths of ``n`` nodes (``tree._ops.num_jump_rounds``)."""
     return max(1, (max(n, 1) - 1).bit_length())
 
 
@@ -98,24 +132,11 @@ def tree_layout(parents: torch.Tensor, linked: torch.Tensor, seq_lens: torch.Ten
     bs, n = parents.shape
     if n > MAX_NODES:
         raise ValueError(f"tree_layout supports at most {MAX_NODES} nodes, got {n}")
-    dev = parents.device
-    i64 = torch.int64
-    out = {
-        "positions": torch.empty(bs * n, dtype=i64, device=dev),
-        "depth": torch.empty((bs, n), dtype=i64, device=dev),
-        "ancestor_bits": torch.empty((bs, n), dtype=i64, device=dev),
-        "ancestor_mask": torch.empty((bs, n, n), dtype=torch.bool, device=dev),
-        "retrive_next_token": torch.empty((bs, n), dtype=i64, device=dev),
-        "retrive_next_sibling": torch.empty((bs, n), dtype=i64, device=dev),
-        "retrive_index": torch.empty((bs, n), dtype=i64, device=dev),
-        "max_depth": torch.empty(bs, dtype=i64, device=dev),
-    }
+    out = layout_outputs(bs, n, parents.device)
     if bs == 0 or n == 0:
         return out
     _tree_layout_kernel[(bs,)](
-        parents.contiguous(), linked.contiguous().view(torch.int8), seq_lens.contiguous(),
-        out["positions"], out["depth"], out["ancestor_bits"], out["ancestor_mask"].view(torch.int8),
-        out["retrive_next_token"], out["retrive_next_sibling"], out["retrive_index"], out["max_depth"],
-        N=n, BN=max(2, triton.next_power_of_2(n)), ROUNDS=_rounds(n),
+        parents.contiguous(), linked.contiguous().view(torch.int8), seq_lens.contiguous(), *layout_args(out),
+        N=n, BN=max(2, triton.next_power_of_2(n)), ROUNDS=jump_rounds(n),
     )
     return out

@@ -3,7 +3,8 @@
 This is the one implementation of the step; the serving worker calls it as the tests do.
 Shapes depend only on ``(bs, M, R, N)``; the function does no host sync and no data-dependent
 Python branching (apart from what ``propose`` itself does), so a worker can capture it in a
-CUDA graph (the layout's FULL mask is left to :func:`~sglang_graft.tree.flatten.full_tree_mask`,
+CUDA graph. On CUDA the published placement runs as one Triton kernel (``graft_step``,
+bit-exact with this torch code, which stays the reference) (the layout's FULL mask is left to :func:`~sglang_graft.tree.flatten.full_tree_mask`,
 whose size depends on the committed lengths).
 """
 
@@ -14,6 +15,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from ..kernels import device_kernels
 from .flatten import flatten
 from .graft import Placement, graft, graft_anchor
 from .prune import prune_by_confidence
@@ -68,6 +70,12 @@ def build_graft_tree(
         (``layout.draft_token`` is SGLang's ``draft_token``, ``layout.ancestor_mask`` the
         QLEN mask as ``[bs, N, N]``).
     """
+    kernels = device_kernels(pool.tokens.device)
+    if kernels is not None and placement == "root" and num_nodes <= kernels.MAX_NODES and pool.size >= 1:
+        if callable(proposals):
+            proposals = proposals(root_tokens.to(torch.int64))
+        return _fused_step(kernels, pool, root_tokens, proposals, seq_lens, num_nodes, config, pad_token_id,
+                           num_keep, depth_limit)
     pruned = prune_by_confidence(pool, config, num_nodes, num_keep=num_keep, depth_limit=depth_limit)
     anchor_index, anchor_tokens = graft_anchor(pool, pruned, root_tokens, placement)
     if callable(proposals):
@@ -75,4 +83,43 @@ def build_graft_tree(
     tree = graft(pool, pruned, root_tokens, proposals, num_nodes, placement, pad_token_id,
                  anchor_index=anchor_index)
     layout = flatten(tree.tokens, tree.parents, seq_lens, linked=tree.linked)
+    return GraftStep(pruned=pruned, proposals=proposals, tree=tree, layout=layout)
+
+
+_CONFIG_TENSORS: dict = {}
+
+
+def _config_tensors(config: PruneConfig, num_nodes: int, device: torch.device) -> tuple:
+    """The prune config as device tensors, built once per (config, N, device) so that a captured
+    step reads them without a host-to-device copy."""
+    key = (config, num_nodes, str(device))
+    cached = _CONFIG_TENSORS.get(key)
+    if cached is None:
+        cached = (torch.tensor(config.checkpoint_depths, dtype=torch.int64, device=device),
+                  torch.tensor(config.thresholds, dtype=torch.float32, device=device),
+                  torch.tensor(config.keep_table(num_nodes), dtype=torch.int64, device=device))
+        _CONFIG_TENSORS[key] = cached
+    return cached
+
+
+def _fused_step(kernels, pool: DraftPool, root_tokens, proposals: RetrievalProposals, seq_lens, num_nodes: int,
+                config: PruneConfig, pad_token_id: int, num_keep, depth_limit) -> GraftStep:
+    """:func:`build_graft_tree` (placement ``"root"``) as the ``graft_step`` Triton kernel."""
+    depths, thresholds, keep_table = _config_tensors(config, num_nodes, pool.tokens.device)
+    i64 = torch.int64
+    o = kernels.graft_step(
+        pool.tokens.to(i64), pool.parents.to(i64), pool.scores, pool.depths.to(i64), pool.num_steps,
+        root_tokens.to(i64), proposals.tokens.to(i64), proposals.parents.to(i64), proposals.scores,
+        proposals.valid, seq_lens.to(i64), num_nodes, depths, thresholds, keep_table, pad_token_id,
+        None if num_keep is None else num_keep.to(i64), None if depth_limit is None else depth_limit.to(i64))
+    pruned = PrunedDraft(keep=o["keep"], stage=o["stage"], confidence=o["confidence"], num_kept=o["num_kept"])
+    tree = GraftTree(tokens=o["tokens"], parents=o["parents"], linked=o["linked"], from_draft=o["from_draft"],
+                     from_retrieval=o["from_retrieval"], draft_index=o["draft_index"],
+                     retrieval_index=o["retrieval_index"], retrieval_slot=o["retrieval_slot"],
+                     num_draft=o["num_kept"], num_retrieved=o["num_retrieved"], num_merged=o["num_merged"],
+                     anchor_slot=torch.zeros_like(o["num_kept"]))
+    layout = VerifyLayout(draft_token=o["tokens"].reshape(-1), positions=o["positions"],
+                          ancestor_mask=o["ancestor_mask"], retrive_index=o["retrive_index"],
+                          retrive_next_token=o["retrive_next_token"], retrive_next_sibling=o["retrive_next_sibling"],
+                          depth=o["depth"], max_depth=o["max_depth"], ancestor_bits=o["ancestor_bits"])
     return GraftStep(pruned=pruned, proposals=proposals, tree=tree, layout=layout)
