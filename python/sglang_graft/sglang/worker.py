@@ -3,11 +3,12 @@
 SGLang's ``EAGLEWorkerV2.forward_batch_generation`` drives every step, unchanged. GRAFT's decode
 step, per batch (the decisions live in :mod:`sglang_graft.sglang.step`):
 
-1. **retrieve** (:meth:`GraftDraftWorker.draft`): proposals under each request's root, valued;
+1. **retrieve** (``draft_worker.GraftDraftWorker.draft``): proposals under each request's root,
+   valued;
 2. **draft** SGLang's own EAGLE-3 loop, one level at a time while a level still pays (a
    checkpoint passes, retrieval is not already confident, the cost model agrees); the candidate
    pool is read where SGLang would select from it (a chain draft with its real probabilities);
-3. **build the tree** (:meth:`GraftDraftWorker._build_verify_input`): the verify budget with the
+3. **build the tree** (``GraftDraftWorker._build_verify_input``): the verify budget with the
    most expected tokens per second, then the tree core's ``build_graft_tree``;
 4. **verify** (:meth:`GraftWorkerV2.verify`): SGLang's ``run_eagle_verify`` with the generic tree
    commit, ``max_tree_depth = N``, ``tree_topk = -1``;
@@ -22,296 +23,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from sglang_graft.config import GraftConfig
 from sglang_graft.sglang import sampling, seams
 from sglang_graft.sglang.metrics import maybe_prometheus
-from sglang_graft.sglang.retrieval_state import GraftRetrieval, NotAdmittedError
+from sglang_graft.sglang.draft_worker import GraftDraftWorker, GraftVerifyInput
+from sglang_graft.sglang.retrieval_state import GraftRetrieval
 from sglang_graft.sglang.step import GraftStepper, StepPlan
 from sglang_graft.tp_check import TreeHashCheck
-from sglang_graft.tree import (
-    DraftPool, TreeMaskMode, chain_pool, draft_pool_from_sglang, encode_tree_mask, write_tree_mask,
-)
 
 logger = logging.getLogger(__name__)
 
 EAGLEWorkerV2 = seams.EAGLE_WORKER.resolve()
-EagleDraftWorker = seams.EAGLE_DRAFT_WORKER.resolve()
-EagleVerifyInput = seams.EAGLE_VERIFY_INPUT.resolve()
 run_eagle_verify = seams.RUN_EAGLE_VERIFY.resolve()
 is_cpu = seams.IS_CPU.resolve()
-
-
-@dataclass
-class GraftStepInfo:
-    """What the draft step hands to verify about the tree it built (per request)."""
-
-    stage: torch.Tensor  # [bs] pruning stage
-    retrieval_only: torch.Tensor  # [bs, N] node proposed by retrieval and not by the draft
-    verified_nodes: torch.Tensor  # [bs, N] root and linked nodes (padding excluded)
-    node_bins: torch.Tensor  # [bs, N] calibration bin of every node
-    scopes: Optional[torch.Tensor]  # [bs] recycling-matrix scope of each request
-
-
-@dataclass
-class GraftVerifyInput(EagleVerifyInput):
-    """EAGLE verify input for an irregular tree: any depth up to ``N``, no fixed branching."""
-
-    graft_info: Optional[GraftStepInfo] = None
-
-    @property
-    def max_tree_depth(self) -> int:
-        return self.draft_token_num
-
-    @property
-    def tree_topk(self) -> int:
-        return -1
-
-
-class _StopDraft(Exception):
-    """Raised before a draft pass that no request needs (dynamic depth)."""
-
-
-def _max_prob(logits: torch.Tensor) -> torch.Tensor:
-    """``[rows]`` probability of each row's argmax token (what a chain draft picks)."""
-    return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
-
-
-class _DraftRecorder:
-    """What SGLang's draft loop computes and then hides, level by level: the candidate lists (in
-    place of ``organize_draft_results``, whose top-N selection GRAFT does not use), a chain draft's
-    tokens and probabilities, and the KV plan of ``prepare_for_draft``; before each draft pass it
-    asks the stepper whether the pass is worth running."""
-
-    def __init__(self, stepper: GraftStepper, plan: Optional[StepPlan], topk: int, first_probs) -> None:
-        self.stepper, self.plan, self.topk = stepper, plan, topk
-        self.lists: tuple[list, list, list] = ([], [], [])
-        self.chain_tokens: list[torch.Tensor] = []
-        self.chain_probs: list[torch.Tensor] = [first_probs] if first_probs is not None else []
-        self.kv_loc_plan = None
-
-    def select(self, select: Callable) -> Callable:
-        def recorded(*args, **kwargs):
-            out = select(*args, **kwargs)
-            for lst, x in zip(self.lists, out[3]):
-                lst.append(x)
-            return out
-
-        return recorded
-
-    def prepare(self, prepare: Callable) -> Callable:
-        def recorded(*args, **kwargs):
-            out = prepare(*args, **kwargs)
-            self.kv_loc_plan = out[2]
-            return out
-
-        return recorded
-
-    def organize(self, score_list, token_list, parents_list, num_draft_token):
-        return None, None, torch.cat(token_list, dim=1)
-
-    def forward(self, forward: Callable) -> Callable:
-        def recorded(forward_batch, *args, **kwargs):
-            if self.topk == 1:
-                self.chain_tokens.append(forward_batch.input_ids.reshape(-1).to(torch.int64))
-            if self.plan is not None and not self.stepper.keep_drafting(self.plan, self.pool()):
-                raise _StopDraft
-            with self.stepper.timer.phase("draft"):
-                out = forward(forward_batch, *args, **kwargs)
-            if self.topk == 1:
-                self.chain_probs.append(_max_prob(out.logits_output.next_token_logits))
-            return out
-
-        return recorded
-
-    def pool(self, draft_tokens: Optional[torch.Tensor] = None) -> DraftPool:
-        """The candidates drafted so far (``draft_tokens``: a chain draft that ran to the end)."""
-        if self.topk > 1:
-            if not self.lists[0]:
-                raise seams.SELECT_TOP_K.error("recorded no draft level; the draft's candidate pool is unreadable")
-            return draft_pool_from_sglang(*self.lists, topk=self.topk, num_steps=len(self.lists[0]))
-        if draft_tokens is not None:
-            tokens = draft_tokens.to(torch.int64)
-        else:
-            tokens = torch.stack(self.chain_tokens, dim=1)
-        steps = tokens.shape[1]
-        if len(self.chain_probs) < steps:
-            raise seams.Seam(f"{seams.EAGLE_DRAFT_WORKER.target}.{seams.DRAFT_RUNNER_FORWARD}",
-                             "read the chain draft's probabilities").error(
-                f"{len(self.chain_probs)} probabilities for {steps} chain tokens")
-        return chain_pool(tokens, torch.stack(self.chain_probs[:steps], dim=1))
-
-
-class GraftDraftWorker(EagleDraftWorker):
-    """EAGLE draft worker whose verify tree is GRAFT's pruned + grafted tree."""
-
-    graft_cfg: GraftConfig
-    retrieval: GraftRetrieval
-    stepper: GraftStepper
-    use_budget: Callable[[int], None]
-
-    def _capture_cuda_graphs(self):
-        super()._capture_cuda_graphs()
-        if self.cuda_graph_runner is not None:
-            # The captured draft loop would hide the candidate pool GRAFT prunes from.
-            logger.info("GRAFT runs the draft loop eagerly (draft decode CUDA graph released)")
-            self.cuda_graph_runner = None
-
-    def _rebuild_topk1_chain_buffers(self) -> None:
-        """SGLang's chain fast path pins ``N = num_steps + 1``; GRAFT reads only the chain's tokens
-        from it and grafts retrieval into any slots beyond the chain, so any ``N`` is fine."""
-        num_nodes = self.speculative_num_draft_tokens
-        self.speculative_num_draft_tokens = self.speculative_num_steps + 1
-        try:
-            super()._rebuild_topk1_chain_buffers()
-        finally:
-            self.speculative_num_draft_tokens = num_nodes
-
-    def draft(self, batch, *, with_topology: bool = False):
-        idle = batch.forward_mode.is_idle()
-        plan = None
-        if not idle:
-            rids = [r.rid for r in batch.reqs]
-            root = batch.spec_info.bonus_tokens.to(torch.int64)
-            self._prepare_retrieval(rids, root)
-            plan = self.stepper.begin(rids, root)
-        first = batch.spec_info.topk_p[:, 0].float() if self.topk == 1 and not idle else None
-        recorder = _DraftRecorder(self.stepper, plan, self.topk, first)
-
-        def build_verify_input(*args, **kwargs):
-            return self._build_verify_input(recorder, plan, *args, **kwargs)
-
-        where = f"{seams.EAGLE_DRAFT_WORKER.target}.{seams.DRAFT_RUNNER_FORWARD}"
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(seams.swapped(seams.ORGANIZE_DRAFT_RESULTS, recorder.organize))
-            stack.enter_context(seams.swapped(seams.SELECT_TOP_K, recorder.select(seams.SELECT_TOP_K.resolve())))
-            stack.enter_context(seams.swapped(seams.PREPARE_FOR_DRAFT, recorder.prepare(seams.PREPARE_FOR_DRAFT.resolve())))
-            calls = stack.enter_context(seams.swapped(seams.BUILD_VERIFY_INPUT, build_verify_input))
-            if not idle:
-                stack.enter_context(seams.wrapped_attribute(self.draft_runner, "forward", recorder.forward, where))
-            if is_cpu():
-                later = seams.SELECT_LATER.resolve()
-                stack.enter_context(seams.swapped(seams.SELECT_LATER, getattr(later, "_torchdynamo_orig_callable", later)))
-            try:
-                verify_input = super().draft(batch, with_topology=with_topology)
-            except _StopDraft:
-                verify_input = None
-        if verify_input is None:  # drafting stopped before a pass: SGLang's draft() tail, with the pool so far
-            verify_input = self._build_verify_input(
-                recorder, plan, batch, batch.spec_info, None, None, None, None, target_worker=self.target_worker,
-                topk=self.topk, num_steps=self.speculative_num_steps,
-                num_draft_tokens=self.speculative_num_draft_tokens, tree_mask_mode=self.tree_mask_mode,
-                device=self.device)
-            if recorder.kv_loc_plan is not None:
-                verify_input.kv_loc_plan = recorder.kv_loc_plan
-                verify_input.prepared_out_cache_loc = recorder.kv_loc_plan.write_virtual
-        elif calls.count == 0:
-            calls.require()
-        return verify_input
-
-    def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
-        """SGLang's draft extend; a chain draft's first-level probability then replaces the 1.0
-        SGLang reports (GRAFT's first checkpoint reads it)."""
-        with self.stepper.timer.phase("draft_extend"):
-            if self.topk != 1:
-                return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
-            return self._chain_draft_extend(batch, batch_result, **kwargs)
-
-    def _chain_draft_extend(self, batch, batch_result, **kwargs):
-        outputs = []
-
-        def record(call: Callable, logits_of: Callable) -> Callable:
-            def recorded(*args, **kw):
-                out = call(*args, **kw)
-                outputs.append(logits_of(out))
-                return out
-
-            return recorded
-
-        where = f"{seams.EAGLE_DRAFT_WORKER.target}._draft_extend_for_decode"
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(seams.wrapped_attribute(
-                self.draft_runner, "forward", lambda f: record(f, lambda o: o.logits_output), where))
-            graph = self.cuda_graph_runner_for_draft_extend
-            if graph is not None:
-                stack.enter_context(seams.wrapped_attribute(graph, "execute", lambda f: record(f, lambda o: o), where))
-            result = super()._draft_extend_for_decode(batch, batch_result, **kwargs)
-        if batch.forward_mode.is_idle():
-            return result
-        nxt = batch_result.next_draft_input
-        # SGLang selects each request's row in place on the logits output it got back.
-        logits = outputs[-1].next_token_logits if outputs else None
-        if logits is None or logits.shape[0] != nxt.topk_index.shape[0]:
-            raise seams.Seam(where, "read the chain draft's first-level probability").error(
-                "the draft model's selected logits were not where SGLang 0.5.23 leaves them")
-        nxt.topk_p = _max_prob(logits).unsqueeze(1)
-        return result
-
-    def _build_verify_input(self, recorder: _DraftRecorder, plan: Optional[StepPlan], batch, draft_input,
-                            parent_list, top_scores_index, draft_tokens, draft_probs, *, target_worker, topk,
-                            num_steps, num_draft_tokens, tree_mask_mode, device):
-        if batch.forward_mode.is_idle():
-            return GraftVerifyInput.create_idle_input(topk, num_steps, num_draft_tokens, device)
-        chain_done = draft_tokens if topk == 1 and draft_tokens is not None else None
-        pool = recorder.pool(chain_done)
-        with self.stepper.timer.phase("tree"):
-            step = self.stepper.build(plan, pool, batch.seq_lens)
-            num_nodes = plan.num_nodes
-            self.use_budget(num_nodes)
-            layout, tree = step.layout, step.tree
-            mask = self._verify_mask(layout, batch, target_worker, tree_mask_mode)
-            self.tp_check.step((layout.draft_token, tree.parents, tree.linked))
-            idx = torch.arange(num_nodes, device=layout.positions.device)
-            info = GraftStepInfo(stage=step.pruned.stage, retrieval_only=tree.from_retrieval & ~tree.from_draft,
-                                 verified_nodes=tree.linked | (idx == 0),
-                                 node_bins=self.stepper.node_bins(plan, pool, step), scopes=plan.scopes)
-        return GraftVerifyInput(
-            draft_token=layout.draft_token,
-            custom_mask=mask,
-            positions=layout.positions,
-            retrieve_index=layout.retrive_index,
-            retrieve_next_token=layout.retrive_next_token,
-            retrieve_next_sibling=layout.retrive_next_sibling,
-            retrieve_cum_len=None,
-            spec_steps=num_steps,
-            topk=topk,
-            draft_token_num=num_nodes,
-            capture_hidden_mode=None,
-            seq_lens_sum=None,
-            seq_lens_cpu=None,
-            draft_probs=None,
-            graft_info=info,
-        )
-
-    def _prepare_retrieval(self, rids: list, root: torch.Tensor) -> None:
-        """Every request was admitted at prefill; a request's first decode step adds the token its
-        prefill sampled (the root) to its store (one host read, only on steps where requests join)."""
-        try:
-            self.retrieval.check_admitted(rids)
-        except NotAdmittedError as e:
-            raise seams.PREFILL_BATCH.error(str(e)) from None
-        rows = self.retrieval.rows_needing_root(rids)
-        if rows:
-            roots = root[torch.tensor(rows, device=root.device)].tolist()
-            self.retrieval.add_roots([rids[i] for i in rows], roots)
-
-    @staticmethod
-    def _verify_mask(layout, batch, target_worker, tree_mask_mode) -> torch.Tensor:
-        """The tree mask in the target attention backend's encoding, in its buffer when it owns
-        one (the ``tree_mask`` kernel on CUDA: no host read)."""
-        backend = target_worker.model_runner.attn_backend
-        verify_mask = getattr(backend, "verify_mask", None)
-        mode = TreeMaskMode(int(verify_mask.mode if verify_mask is not None else tree_mask_mode))
-        if verify_mask is not None and verify_mask.fits(batch.seq_lens.shape[0]):
-            return write_tree_mask(layout, batch.seq_lens, mode, verify_mask.buffer, batch.seq_lens_sum)
-        seq_lens_sum = batch.seq_lens_sum
-        if seq_lens_sum is None and mode == TreeMaskMode.FULL_MASK:
-            seq_lens_sum = int(batch.seq_lens.sum())
-        return encode_tree_mask(layout.ancestor_mask, mode, batch.seq_lens, seq_lens_sum)
 
 
 class GraftWorkerV2(EAGLEWorkerV2):
@@ -516,7 +244,6 @@ def _tp_all_reduce(op=None):
 
 
 seams.check_overrides(GraftWorkerV2, seams.EAGLE_WORKER, seams.WORKER_OVERRIDES)
-seams.check_overrides(GraftDraftWorker, seams.EAGLE_DRAFT_WORKER, seams.DRAFT_WORKER_OVERRIDES)
 
 _WORKERS: list[GraftWorkerV2] = []
 
