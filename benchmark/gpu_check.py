@@ -189,16 +189,14 @@ def _on(args: tuple, device: str) -> tuple:
 
 
 def check_graft_step(cases, tally: "Tally", device: str) -> None:
+    """CPU (interpreter): the kernel called directly; CUDA: ``build_graft_tree``, which dispatches to it."""
     for name, args in cases:
         ref = build_graft_tree(*args)  # CPU tensors: the torch pipeline
         dev_args = _on(args, device)
-        kernels = K if device != "cpu" else None
-        got = K.graft_step(*_kernel_args(dev_args)) if kernels is None else None
-        if got is None:
-            got_step = build_graft_tree(*dev_args)  # CUDA: dispatched to the kernel
-            bad = _step_mismatches(ref, got_step)
+        if device == "cpu":
+            bad = _dict_mismatches(ref, K.graft_step(*_kernel_args(dev_args)))
         else:
-            bad = _dict_mismatches(ref, got)
+            bad = _step_mismatches(ref, build_graft_tree(*dev_args))
         tally.check(name, not bad, f"fields {bad}")
 
 
@@ -288,27 +286,26 @@ def cuda_checks(result: dict, gen: torch.Generator) -> bool:
     n, bs = 61, 48
     inputs = step_inputs(bs, n, gen)
     tree_step(*inputs, n)  # compile the kernels outside the checks
+    graph, out = capture(lambda: tree_step(*inputs, n))  # capture synchronizes: outside the debug mode
     try:
         torch.cuda.set_sync_debug_mode("error")
-        graph, out = capture(lambda: tree_step(*inputs, n))
-        graph.replay()
         tree_step(*inputs, n)
-        result["sync_debug"] = {"mode": "error", "ok": True, "scope": "tree step, eager and captured"}
+        graph.replay()
+        result["sync_debug"] = {"mode": "error", "ok": True, "scope": "tree step (kernels + mask), eager and replay"}
     except Exception as e:  # a sync inside the step
         result["sync_debug"] = {"mode": "error", "ok": False, "error": repr(e)[:500]}
         ok = False
-        graph = None
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    if graph is not None:
-        eager = tree_step(*inputs, n)
-        mask_eager = inputs[4].clone()
-        graph.replay()
-        torch.cuda.synchronize()
-        same = all(torch.equal(getattr(eager.layout, f), getattr(out.layout, f)) for f in LAYOUT_FIELDS)
-        same = same and torch.equal(eager.tree.tokens, out.tree.tokens) and torch.equal(mask_eager, inputs[4])
-        result["graph_replay"] = {"equal_to_eager": bool(same), "bs": bs, "N": n}
-        ok = ok and same
+    eager = tree_step(*inputs, n)
+    mask_eager = inputs[4].clone()
+    inputs[4].fill_(False)
+    graph.replay()
+    torch.cuda.synchronize()
+    same = all(torch.equal(getattr(eager.layout, f), getattr(out.layout, f)) for f in LAYOUT_FIELDS)
+    same = same and torch.equal(eager.tree.tokens, out.tree.tokens) and torch.equal(mask_eager, inputs[4])
+    result["graph_replay"] = {"equal_to_eager": bool(same), "bs": bs, "N": n}
+    ok = ok and same
 
     rows = []
     for n in (16, 61):
@@ -363,7 +360,7 @@ def main() -> int:
         else:
             check_tree_kernels(tree_cases((2, 16, 61, 64), (1, 7, 48), 32, device, gen), tallies)
             check_recycle(recycle_cases(2000, 3000, device, gen), tallies["recycle_scatter"])
-            check_graft_step(step_cases((2, 16, 61, 64), (1, 7, 48), 21, device, gen), tallies["graft_step"], device)
+            check_graft_step(step_cases((2, 16, 61, 64), (1, 7, 48), 42, device, gen), tallies["graft_step"], device)
             ok = cuda_checks(result, gen)
     except Exception:
         result["error"] = traceback.format_exc()[-3000:]
