@@ -45,7 +45,7 @@ from sglang_graft.tree import (  # noqa: E402
     flatten_torch,
     write_tree_mask,
 )
-from tree_bench import make_pool, make_proposals, timed, to_device  # noqa: E402
+from tree_bench import capture, make_pool, make_proposals, timed, to_device  # noqa: E402
 
 LAYOUT_FIELDS = ("positions", "depth", "ancestor_mask", "retrive_index", "retrive_next_token",
                  "retrive_next_sibling", "max_depth")
@@ -266,19 +266,6 @@ def tree_step(pool, proposals, roots, seq_lens, buf, n):
     step = build_graft_tree(pool, roots, proposals, seq_lens, n, PruneConfig())
     write_tree_mask(step.layout, seq_lens, TreeMaskMode.FULL_MASK, buf)
     return step
-
-
-def capture(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
 
 
 def cuda_checks(result: dict, gen: torch.Generator) -> bool:

@@ -99,7 +99,8 @@ def timed(fn, device: str, warmup: int, iters: int) -> float:
     return statistics.median(samples)
 
 
-def graph_replay_ms(fn, warmup: int, iters: int) -> float:
+def capture(fn):
+    """``(graph, outputs)``: ``fn`` warmed up on a side stream, then captured in a CUDA graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -108,8 +109,12 @@ def graph_replay_ms(fn, warmup: int, iters: int) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return timed(graph.replay, "cuda", warmup, iters)
+        out = fn()
+    return graph, out
+
+
+def graph_replay_ms(fn, warmup: int, iters: int) -> float:
+    return timed(capture(fn)[0].replay, "cuda", warmup, iters)
 
 
 def bench_one(args, bs: int) -> dict:
