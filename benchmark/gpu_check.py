@@ -36,6 +36,7 @@ from sglang_graft.kernels import KERNELS_ENV  # noqa: E402
 from sglang_graft.retrieval.recycling_matrix import RecyclingMatrix, scatter_last_wins  # noqa: E402
 from sglang_graft.tree import (  # noqa: E402
     DraftPool,
+    flatten,
     PruneConfig,
     RetrievalProposals,
     TreeMaskMode,
@@ -227,6 +228,59 @@ def _step_mismatches(ref, got) -> list:
     return bad
 
 
+def check_dispatch(gen: torch.Generator, tally: "Tally") -> None:
+    """The glue between the served ops and the kernels (what runs on CUDA), on the CPU: each
+    dispatching op with the kernels forced on (``build_graft_tree`` with fixed and callable
+    proposals, ``flatten``, ``write_tree_mask``, ``RecyclingMatrix.update``) against the same op on
+    the torch references."""
+    import contextlib
+    import importlib
+
+    modules = [importlib.import_module(f"sglang_graft.{m}")  # tree.flatten the module, not the function
+               for m in ("tree.flatten", "tree.pipeline", "retrieval.recycling_matrix")]
+
+    @contextlib.contextmanager
+    def forced():
+        saved = [(m, m.device_kernels) for m in modules]
+        for m, _ in saved:
+            m.device_kernels = lambda device: K
+        try:
+            yield
+        finally:
+            for m, f in saved:
+                m.device_kernels = f
+
+    for name, args in step_cases((2, 5, 16), (1, 3), 1, "cpu", gen):
+        pool, roots, proposals, seq_lens, n = args[:5]
+        ref = build_graft_tree(*args)
+        ref_lay = flatten_torch(ref.tree.tokens, ref.tree.parents, seq_lens, ref.tree.linked)
+        total = int(seq_lens.sum()) * n + roots.shape[0] * n * n
+        want = encode_tree_mask(ref_lay.ancestor_mask, TreeMaskMode.FULL_MASK, seq_lens, int(seq_lens.sum()))
+        calls = []
+        with forced():
+            got = build_graft_tree(*args)
+            by_call = build_graft_tree(pool, roots, lambda a: calls.append(a) or proposals, *args[3:])
+            lay = flatten(ref.tree.tokens, ref.tree.parents, seq_lens, ref.tree.linked)
+            buf = torch.zeros(total, dtype=torch.bool)
+            write_tree_mask(lay, seq_lens, TreeMaskMode.FULL_MASK, buf)
+        bad = _step_mismatches(ref, got) + [f"callable:{f}" for f in _step_mismatches(ref, by_call)]
+        bad += [f"flatten:{f}" for f in LAYOUT_FIELDS if not torch.equal(getattr(lay, f), getattr(ref_lay, f))]
+        if got.layout.ancestor_bits is None or not torch.equal(buf, want):
+            bad.append("write_tree_mask")
+        if len(calls) != 1 or not torch.equal(calls[0], roots):
+            bad.append("proposer called once with the roots")
+        tally.check("dispatch " + name, not bad, f"fields {bad}")
+    for name, rm, rows, topk in recycle_cases(8, 200, "cpu", gen):
+        tokens = torch.randint(0, rm.vocab_size, (rows.shape[0],), generator=gen)
+        want = rm.successors.clone()
+        rm.update(tokens, topk)
+        want, got = rm.successors.clone(), want
+        rm.successors.copy_(got)
+        with forced():
+            rm.update(tokens, topk)
+        tally.check("dispatch recycle " + name, torch.equal(rm.successors, want), "tables differ")
+
+
 def recycle_cases(count: int, max_nodes: int, device: str, gen: torch.Generator):
     for c in range(count):
         vocab = int(torch.randint(1, 80, (1,), generator=gen))
@@ -337,13 +391,14 @@ def main() -> int:
     t0 = time.time()
     result = {"device": "triton-interpreter (cpu)" if args.interpret else torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": __import__("triton").__version__, "interpret": args.interpret}
-    tallies = {name: Tally() for name in ("tree_layout", "tree_mask", "recycle_scatter", "graft_step")}
+    tallies = {name: Tally() for name in ("tree_layout", "tree_mask", "recycle_scatter", "graft_step", "dispatch")}
     ok = True
     try:
         if args.interpret:
             check_tree_kernels(tree_cases((2, 5, 16), (1, 3), 4, device, gen), tallies)
             check_recycle(recycle_cases(60, 300, device, gen), tallies["recycle_scatter"])
             check_graft_step(step_cases((2, 5, 16), (1, 3), 3, device, gen), tallies["graft_step"], device)
+            check_dispatch(gen, tallies["dispatch"])
         else:
             check_tree_kernels(tree_cases((2, 16, 61, 64), (1, 7, 48), 32, device, gen), tallies)
             check_recycle(recycle_cases(2000, 3000, device, gen), tallies["recycle_scatter"])

@@ -37,6 +37,10 @@ def test_every_kernel_matches_its_reference_under_the_triton_interpreter(tmp_pat
         tally = result["kernels"][name]
         assert tally["cases"] >= 50, (name, tally)
         assert tally["mismatches"] == 0, (name, tally)
+    # the CUDA glue (build_graft_tree, flatten, write_tree_mask, RecyclingMatrix.update with the
+    # kernels forced on) against the torch references
+    glue = result["kernels"]["dispatch"]
+    assert glue["cases"] >= 30 and glue["mismatches"] == 0, glue
 
 
 def test_gpu_check_refuses_interpret_without_the_interpreter(tmp_path):
