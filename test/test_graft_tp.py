@@ -1,0 +1,45 @@
+"""GRAFT under tensor parallelism: two CPU ranks (gloo), greedy output token-exact against the same
+TP 2 server without speculation, with ``--speculative-graft-tp-check 1`` comparing a hash of every
+verify tree across the ranks (a real all-reduce) and the cost model's published step costs summed
+over them."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import pytest
+import requests
+
+from server_utils import SGLangServer
+from test_graft_server import NEW_TOKENS, _ids
+
+pytestmark = pytest.mark.server
+
+# one CPU core per rank (SGLang's CPU path binds each rank's OpenMP threads to its own cores)
+TP2 = ["--tp", "2"]
+TP2_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+def _concurrently(srv, ids):
+    with cf.ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda p: srv.generate_ids(p, NEW_TOKENS)["output_ids"], ids))
+
+
+def test_graft_tp2_token_exact_with_the_tree_check(tiny_models, server_logs, monkeypatch):
+    for k, v in TP2_ENV.items():
+        monkeypatch.setenv(k, v)
+    ids = _ids(tiny_models["llama"])[:12]
+    with SGLangServer(tiny_models["llama"], TP2, log_path=server_logs / "tp2-ref.log") as srv:
+        ref = _concurrently(srv, ids)
+    graft = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
+             "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
+             "--speculative-graft-tp-check", "1", *TP2]
+    with SGLangServer(tiny_models["llama"], graft, log_path=server_logs / "tp2-graft.log") as srv:
+        outs = _concurrently(srv, ids)
+        info = requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["graft"]
+        log = srv.tail(10 ** 8)
+    assert outs == ref
+    steps = info["economy"]["steps"]
+    assert steps > 0 and info["tp_checks"] == steps  # every tree compared across both ranks
+    assert info["accepted_retrieved_tokens"] > 0  # the repetitive prompts are served from retrieval
+    assert "Traceback" not in log
