@@ -221,8 +221,7 @@ def expected_tokens(values: torch.Tensor, budgets: Sequence[int]) -> torch.Tenso
         values = torch.nn.functional.pad(values, (0, top - c))
     best = torch.topk(values.float(), top, dim=1).values if top > 0 else values[:, :0].float()
     cum = torch.cat([torch.zeros(bs, 1, device=values.device), torch.cumsum(best, dim=1)], dim=1)
-    idx = torch.tensor([n - 1 for n in budgets], device=values.device)
-    return 1.0 + cum[:, idx]
+    return 1.0 + torch.stack([cum[:, n - 1] for n in budgets], dim=1)  # host ints: no host-to-device copy
 
 
 def choose_budget(expected: Sequence[float], seconds: Sequence[float]) -> int:

@@ -21,7 +21,8 @@ from sglang_graft.sglang.retrieval_state import GraftRetrieval, NotAdmittedError
 from sglang_graft.sglang.step import GraftStepper, StepPlan
 from sglang_graft.tp_check import TreeHashCheck
 from sglang_graft.tree import (
-    DraftPool, TreeMaskMode, chain_pool, draft_pool_from_sglang, encode_tree_mask, write_tree_mask,
+    DraftPool, TreeMaskMode, chain_pool, draft_pool_from_sglang, encode_tree_mask, from_host,
+    write_tree_mask,
 )
 
 logger = logging.getLogger(__name__)
@@ -282,7 +283,7 @@ class GraftDraftWorker(EagleDraftWorker):
             raise seams.PREFILL_BATCH.error(str(e)) from None
         rows = self.retrieval.rows_needing_root(rids)
         if rows:
-            roots = root[torch.tensor(rows, device=root.device)].tolist()
+            roots = root[from_host(rows, torch.int64, root.device)].tolist()
             self.retrieval.add_roots([rids[i] for i in rows], roots)
 
     @staticmethod

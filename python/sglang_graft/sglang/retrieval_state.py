@@ -26,7 +26,7 @@ import torch
 
 from sglang_graft.config import GraftConfig
 from sglang_graft.retrieval import RecyclingMatrix, RetrievalStore, ScopeTable, stack_trees
-from sglang_graft.tree import RetrievalProposals
+from sglang_graft.tree import RetrievalProposals, from_host
 
 WARMUP_RID = "__graft_warmup__"
 
@@ -179,7 +179,7 @@ class GraftRetrieval:
         """``[bs] int64`` recycling scope of each request, on the device."""
         if self.scopes is None:
             return None
-        return torch.tensor([self.scopes.scope(rid) for rid in rids], dtype=torch.int64, device=self.device)
+        return from_host([self.scopes.scope(rid) for rid in rids], torch.int64, self.device)
 
     def propose(self, rids: Sequence[Hashable], anchor_tokens: torch.Tensor,
                 scopes: Optional[torch.Tensor] = None) -> RetrievalProposals:
@@ -208,7 +208,7 @@ class GraftRetrieval:
             bins = torch.zeros_like(tok)
             match = None
             if calibration is not None or (self.matrix is not None and not union):
-                match = torch.tensor([self.store.match_length(rid) for rid in rids], device=self.device)
+                match = from_host([self.store.match_length(rid) for rid in rids], torch.int64, self.device)
             if calibration is not None:
                 bins = calibration.sam_bins(torch.where(va, sc, 1e-12), match)
             parts.append((tok, par, sc, va, bins))

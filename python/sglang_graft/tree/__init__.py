@@ -14,6 +14,7 @@ Typical step (see :func:`build_graft_tree`)::
         layout.retrive_next_sibling, target_probs_from_logits(logits, t, top_p, top_k))
 """
 
+from ._ops import from_host
 from .draft import (
     build_tree_from_sglang_draft,
     chain_pool,
@@ -110,6 +111,8 @@ __all__ = [
     "verify_layout_greedy",
     "target_probs_from_logits",
     "emitted_tokens",
+    # host values to the device without a stream sync
+    "from_host",
     # guards
     "HostSyncError",
     "forbid_host_sync",

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import torch
 
 __all__ = [
+    "from_host",
     "num_jump_rounds",
     "jump_pointers",
     "reduce_along_path",
@@ -23,6 +24,15 @@ __all__ = [
     "match_paths",
     "first_true_index",
 ]
+
+
+def from_host(values, dtype: torch.dtype, device) -> torch.Tensor:
+    """A tensor of host values on ``device`` without a stream sync.
+
+    ``torch.tensor(values, device="cuda")`` copies synchronously (the host waits for the device
+    queue to drain); a CPU tensor copied with ``non_blocking=True`` only waits for the staging copy.
+    """
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def num_jump_rounds(path_len: int) -> int:
