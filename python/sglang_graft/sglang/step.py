@@ -163,19 +163,19 @@ class GraftStepper:
             c = confidence_at_checkpoints(pool, (self.checkpoints[plan.checked],))[:, 0]
             plan.failed |= c < self.cfg.thresholds[plan.checked]
             plan.checked += 1
-        alive = ~plan.retrieval_confident
-        if not plan.explore and not (bool(alive.any()) and self._deeper_pays(plan, pool, alive)):
+        if not plan.explore and not self._deeper_pays(plan, pool, ~plan.retrieval_confident):
             plan.exit_depth.fill_(depth)
             return False
         plan.passes += 1
         return True
 
     def _deeper_pays(self, plan: StepPlan, pool: DraftPool, alive: torch.Tensor) -> bool:
-        """Would another draft level raise the best expected tokens per second?
+        """Would another draft level raise the best expected tokens per second? Never when every
+        request is already served by a confident retrieval (``alive`` all False).
 
         Optimistic bound of the next level: the ``topk`` beams of the current depth each get one
         child worth as much as themselves (siblings are exclusive, so a beam's children together
-        are accepted at most as often as the beam).
+        are accepted at most as often as the beam). One host read.
         """
         bs = len(plan.rids)
         values = self._draft_values(plan, pool)
@@ -183,8 +183,12 @@ class GraftStepper:
         at_depth = torch.where(pool.depths == pool.num_steps - 1, values, 0.0)
         beams = torch.topk(at_depth, min(self.topk, at_depth.shape[1]), dim=1).values
         later = torch.cat([now, torch.where(alive[:, None], beams, 0.0)], dim=1)
-        e_now = expected_tokens(now, self.budgets).sum(0).tolist()
-        e_later = expected_tokens(later, self.budgets).sum(0).tolist()
+        k = len(self.budgets)
+        host = torch.cat([alive.any().float()[None], expected_tokens(now, self.budgets).sum(0),
+                          expected_tokens(later, self.budgets).sum(0)]).tolist()
+        if not host[0]:
+            return False
+        e_now, e_later = host[1: 1 + k], host[1 + k:]
         rate_now = max(e / self.cost.step(bs=bs, num_nodes=n, passes=plan.passes) for e, n in zip(e_now, self.budgets))
         rate_later = max(e / self.cost.step(bs=bs, num_nodes=n, passes=plan.passes + 1)
                          for e, n in zip(e_later, self.budgets))
