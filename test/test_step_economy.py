@@ -159,3 +159,75 @@ def test_resolved_budgets():
     assert GraftConfig(budget="fixed").resolved_budgets(16) == (16,)
     assert GraftConfig(budgets=(4, 2, 16)).resolved_budgets(16) == (2, 4, 16)
     assert np.all(np.diff(GraftConfig().resolved_budgets(61)) > 0)
+
+
+class _FakeEvent:
+    """A CUDA event stand-in: recorded at the fake clock ``now``, complete once the fake device
+    has run up to it."""
+
+    now = 0.0
+    done_until = 0.0
+
+    def __init__(self) -> None:
+        self.t = None
+
+    def record(self) -> None:
+        self.t = _FakeEvent.now
+
+    def query(self) -> bool:
+        return self.t is not None and self.t <= _FakeEvent.done_until
+
+    def elapsed_time(self, other: "_FakeEvent") -> float:
+        return (other.t - self.t) * 1e3  # milliseconds, like torch.cuda.Event
+
+
+def _at(t: float) -> None:
+    _FakeEvent.now = t
+
+
+def test_event_timer_reports_a_step_once_its_events_completed():
+    from sglang_graft.budget import StepTimer
+
+    timer = StepTimer(event_factory=_FakeEvent)
+    _FakeEvent.now = _FakeEvent.done_until = 0.0
+    timer.begin()
+    _at(1.0)
+    with timer.phase("draft"):
+        _at(3.0)
+    with timer.phase("verify"):
+        _at(7.0)
+    _at(10.0)
+    assert timer.end("step 1") == []  # the device has not reached the step's end yet
+    _FakeEvent.done_until = 5.0
+    timer.begin()
+    _at(11.0)
+    with timer.phase("verify"):
+        _at(15.0)
+    _at(20.0)
+    assert timer.end("step 2") == []
+    _FakeEvent.done_until = 25.0
+    timer.begin()
+    _at(30.0)
+    done = timer.end("step 3")  # steps 1 and 2 have completed (t <= 25), step 3 (ends at 30) not yet
+    assert [payload for _, payload in done] == ["step 1", "step 2"]
+    first, second = (times for times, _ in done)
+    assert first["draft"] == pytest.approx(2.0) and first["verify"] == pytest.approx(4.0)
+    assert first["other"] == pytest.approx(4.0)  # 10 s in all, 6 s in named phases
+    assert second["verify"] == pytest.approx(4.0) and second["other"] == pytest.approx(6.0)
+    assert timer.steps == 2 and timer.as_dict()["clock"] == "events"
+    _FakeEvent.done_until = 40.0
+    timer.begin()
+    _at(35.0)
+    assert [payload for _, payload in timer.end("step 4")] == ["step 3", "step 4"]
+
+
+def test_host_timer_reports_every_step_at_once():
+    from sglang_graft.budget import StepTimer
+
+    timer = StepTimer("cpu")
+    timer.begin()
+    with timer.phase("tree"):
+        pass
+    (times, payload), = timer.end(("bs", 1))
+    assert payload == ("bs", 1) and set(times) == {"draft", "retrieval", "tree", "verify", "draft_extend", "other"}
+    assert timer.as_dict()["clock"] == "host"

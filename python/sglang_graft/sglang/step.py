@@ -106,7 +106,7 @@ class GraftStepper:
         self.calibration = AcceptanceCalibration(device)
         self.cost = StepCost()
         self.all_reduce_sum = all_reduce_sum  # sums a CPU tensor over the tensor-parallel ranks, or None
-        self.timer = StepTimer()
+        self.timer = StepTimer(device)
         self.stats = StepStats()
         self.checkpoints = cfg.resolved_checkpoints(num_steps)
         self.last_plan: Optional[StepPlan] = None
@@ -240,17 +240,21 @@ class GraftStepper:
         self.calibration.update(bins, linked, accepted & linked)
 
     def end_step(self, plan: Optional[StepPlan], bs: int) -> None:
-        """The step's phase times feed the cost model; counters."""
-        phases = self.timer.end()
+        """The step's phase times feed the cost model (on CUDA possibly a step or two later, when
+        its events have completed); counters."""
+        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes))
+        for phases, step in observed:
+            if step is not None:
+                b, n, passes = step
+                self.cost.observe(tokens=b * n, bs=b, verify_s=phases["verify"] + phases["draft_extend"],
+                                  passes=passes, draft_s=phases["draft"],
+                                  fixed_s=phases["retrieval"] + phases["tree"] + phases["other"])
         if plan is None:
             return
         self.stats.steps += 1
         self.stats.draft_passes += plan.passes
         self.stats.skipped_drafts += plan.passes == 0
         self.stats.budget_histogram[plan.num_nodes] += 1
-        self.cost.observe(tokens=bs * plan.num_nodes, bs=bs, verify_s=phases["verify"] + phases["draft_extend"],
-                          passes=plan.passes, draft_s=phases["draft"],
-                          fixed_s=phases["retrieval"] + phases["tree"] + phases["other"])
         if self.stats.steps <= len(self.budgets) or self.stats.steps % self.EXPLORE_EVERY == 1:
             # the same steps on every rank: decisions read the published (rank-averaged) table
             self.cost.publish(self.all_reduce_sum)
