@@ -80,33 +80,13 @@ def _path_reduce_and(scratch_i, values, jump, lanes, ok, IDENTITY: tl.constexpr,
 
 
 @triton.jit
-def _graft_step_kernel(
-    # inputs
-    pool_tok_ptr, pool_par_ptr, pool_sc_ptr, pool_dep_ptr, root_ptr, seq_lens_ptr,
-    r_tok_ptr, r_par_ptr, r_sc_ptr, r_valid_ptr,
-    ckpt_ptr, thr_ptr, keep_table_ptr, num_keep_ptr, depth_limit_ptr,
-    # prune outputs
-    keep_ptr, stage_ptr, conf_ptr, num_kept_ptr,
-    # tree outputs
-    tokens_ptr, parents_ptr, from_draft_ptr, from_ret_ptr, linked_ptr, draft_index_ptr, ret_index_ptr,
-    ret_slot_ptr, num_retrieved_ptr, num_merged_ptr,
-    # layout outputs
-    positions_ptr, depth_ptr, bits_ptr, mask_ptr, next_token_ptr, next_sibling_ptr, retrive_index_ptr,
-    max_depth_ptr,
-    # scratch
-    ws_f_ptr, ws_i_ptr, ws_m_ptr,
-    pad_token_id,
-    M: tl.constexpr, R: tl.constexpr, N: tl.constexpr, C: tl.constexpr,
-    BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, SW: tl.constexpr, CH: tl.constexpr,
-    ROUNDS_M: tl.constexpr, ROUNDS_R: tl.constexpr, ROUNDS_MATCH: tl.constexpr, ROUNDS_N: tl.constexpr,
-    HAS_NUM_KEEP: tl.constexpr, HAS_DEPTH_LIMIT: tl.constexpr,
+def _prune(
+    pool_tok_ptr, pool_par_ptr, pool_sc_ptr, pool_dep_ptr, ckpt_ptr, thr_ptr, keep_table_ptr, num_keep_ptr,
+    depth_limit_ptr, keep_ptr, stage_ptr, conf_ptr, num_kept_ptr, ws_f, ws_i, b,
+    M: tl.constexpr, N: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
+    ROUNDS_M: tl.constexpr, HAS_NUM_KEEP: tl.constexpr, HAS_DEPTH_LIMIT: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    ws_f = ws_f_ptr + b * SW
-    ws_i = ws_i_ptr + b * SW
-    ws_m = ws_m_ptr + b * (BR + 1) * (BN + 1)
-
-    # ------------------------------------------------------------------------------- 1. prune
+    """1. prune: confidences, stage, how many to keep, the ranked keep set (``prune_by_confidence``)."""
     m = tl.arange(0, BM).to(tl.int64)
     mok = m < M
     p_tok = tl.load(pool_tok_ptr + b * M + m, mask=mok, other=0).to(tl.int64)
@@ -153,7 +133,17 @@ def _graft_step_kernel(
     tl.store(stage_ptr + b, stage)
     tl.store(num_kept_ptr + b, num_draft)
 
-    # ----------------------------------------------------------------- 2a. kept draft -> slots
+    return m, mok, p_tok, p_par, keep, num_draft
+
+
+@triton.jit
+def _place_draft(
+    root_ptr, tokens_ptr, parents_ptr, from_draft_ptr, from_ret_ptr, draft_index_ptr, ret_index_ptr, ws_i, b,
+    m, mok, p_tok, p_par, keep, pad_token_id, M: tl.constexpr, N: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr,
+):
+    """2a. graft, draft side: slot 0 the root, kept draft nodes at slots 1.. in pool order, the rest
+    padding under the root. Returns the slot lanes, their mask and the request's slot rows."""
     s = tl.arange(0, BN).to(tl.int64)
     sok = s < N
     row = b * N + s
@@ -175,7 +165,19 @@ def _graft_step_kernel(
     tl.store(draft_index_ptr + dst, m, mask=keep)
     tl.debug_barrier()
 
-    # --------------------------------------------------------------------- 2b. retrieved nodes
+    return s, sok, row
+
+
+@triton.jit
+def _graft_retrieved(
+    r_tok_ptr, r_par_ptr, r_sc_ptr, r_valid_ptr, tokens_ptr, parents_ptr, from_draft_ptr, from_ret_ptr,
+    ret_index_ptr, ret_slot_ptr, num_retrieved_ptr, num_merged_ptr, ws_f, ws_i, ws_m, b, num_draft,
+    R: tl.constexpr, N: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+    ROUNDS_R: tl.constexpr, ROUNDS_MATCH: tl.constexpr,
+):
+    """2b. graft, retrieval side: path validity and priority, duplicate siblings dropped with their
+    subtrees, nodes whose token path equals a kept draft node's merged into it, the rest ranked into
+    the free slots (``graft``)."""
     r = tl.arange(0, BR).to(tl.int64)
     rok = r < R
     r_tok = tl.load(r_tok_ptr + b * R + r, mask=rok, other=0).to(tl.int64)
@@ -244,6 +246,45 @@ def _graft_step_kernel(
     tl.store(num_retrieved_ptr + b, tl.sum(include.to(tl.int64), axis=0))
     tl.store(num_merged_ptr + b, tl.sum(merged.to(tl.int64), axis=0))
     tl.debug_barrier()
+
+
+
+@triton.jit
+def _graft_step_kernel(
+    # inputs
+    pool_tok_ptr, pool_par_ptr, pool_sc_ptr, pool_dep_ptr, root_ptr, seq_lens_ptr,
+    r_tok_ptr, r_par_ptr, r_sc_ptr, r_valid_ptr,
+    ckpt_ptr, thr_ptr, keep_table_ptr, num_keep_ptr, depth_limit_ptr,
+    # prune outputs
+    keep_ptr, stage_ptr, conf_ptr, num_kept_ptr,
+    # tree outputs
+    tokens_ptr, parents_ptr, from_draft_ptr, from_ret_ptr, linked_ptr, draft_index_ptr, ret_index_ptr,
+    ret_slot_ptr, num_retrieved_ptr, num_merged_ptr,
+    # layout outputs
+    positions_ptr, depth_ptr, bits_ptr, mask_ptr, next_token_ptr, next_sibling_ptr, retrive_index_ptr,
+    max_depth_ptr,
+    # scratch
+    ws_f_ptr, ws_i_ptr, ws_m_ptr,
+    pad_token_id,
+    M: tl.constexpr, R: tl.constexpr, N: tl.constexpr, C: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, SW: tl.constexpr, CH: tl.constexpr,
+    ROUNDS_M: tl.constexpr, ROUNDS_R: tl.constexpr, ROUNDS_MATCH: tl.constexpr, ROUNDS_N: tl.constexpr,
+    HAS_NUM_KEEP: tl.constexpr, HAS_DEPTH_LIMIT: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    ws_f = ws_f_ptr + b * SW
+    ws_i = ws_i_ptr + b * SW
+    ws_m = ws_m_ptr + b * (BR + 1) * (BN + 1)
+
+    m, mok, p_tok, p_par, keep, num_draft = _prune(
+        pool_tok_ptr, pool_par_ptr, pool_sc_ptr, pool_dep_ptr, ckpt_ptr, thr_ptr, keep_table_ptr, num_keep_ptr,
+        depth_limit_ptr, keep_ptr, stage_ptr, conf_ptr, num_kept_ptr, ws_f, ws_i, b,
+        M, N, C, BM, CH, ROUNDS_M, HAS_NUM_KEEP, HAS_DEPTH_LIMIT)
+    s, sok, row = _place_draft(root_ptr, tokens_ptr, parents_ptr, from_draft_ptr, from_ret_ptr, draft_index_ptr,
+                               ret_index_ptr, ws_i, b, m, mok, p_tok, p_par, keep, pad_token_id, M, N, BM, BN)
+    _graft_retrieved(r_tok_ptr, r_par_ptr, r_sc_ptr, r_valid_ptr, tokens_ptr, parents_ptr, from_draft_ptr,
+                     from_ret_ptr, ret_index_ptr, ret_slot_ptr, num_retrieved_ptr, num_merged_ptr, ws_f, ws_i, ws_m,
+                     b, num_draft, R, N, BR, BN, ROUNDS_R, ROUNDS_MATCH)
 
     # ----------------------------------------------------------------------------- 3. flatten
     parent = tl.load(parents_ptr + row, mask=sok, other=-1)
