@@ -44,6 +44,7 @@ from sglang_graft.tree import (  # noqa: E402
     build_graft_tree,
     encode_tree_mask,
     flatten_torch,
+    warm_up_graft_kernels,
     write_tree_mask,
 )
 from tree_bench import capture, make_pool, make_proposals, timed, to_device  # noqa: E402
@@ -270,6 +271,11 @@ def check_dispatch(gen: torch.Generator, tally: "Tally") -> None:
         if len(calls) != 1 or not torch.equal(calls[0], roots):
             bad.append("proposer called once with the roots")
         tally.check("dispatch " + name, not bad, f"fields {bad}")
+    configs = {n: PruneConfig(checkpoint_depths=(0, 1), thresholds=(0.3, 0.2), keep_per_stage=(1, 2)) for n in (2, 8)}
+    for topk, overrides, mode in ((2, True, 0), (1, False, 2), (4, True, 1)):
+        with forced():
+            shapes = warm_up_graft_kernels("cpu", topk, 3, 5, configs, overrides, mask_mode=mode)
+        tally.check(f"warm-up topk={topk} mask={mode}", shapes == 3 * len(configs), f"{shapes} shapes")
     for name, rm, rows, topk in recycle_cases(8, 200, "cpu", gen):
         tokens = torch.randint(0, rm.vocab_size, (rows.shape[0],), generator=gen)
         want = rm.successors.clone()

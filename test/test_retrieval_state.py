@@ -118,3 +118,17 @@ def test_tenant_scope_shares_within_a_tenant():
     r.admit("C", np.array([2]))  # no tenant key: alone
     assert r.scope_index(["A", "B", "C"]).tolist()[0] == r.scope_index(["B"]).item()
     assert r.scope_index(["C"]).item() != r.scope_index(["A"]).item()
+
+
+@pytest.mark.parametrize("source", ["sam", "recycle", "auto", "none"])
+@pytest.mark.parametrize("union", [False, True])
+def test_proposal_width_is_the_width_of_every_proposal(source, union):
+    """The tree kernels are compiled ahead for this width; a proposal of another width would compile
+    mid-serving."""
+    state = _state(source=source, recycle_widths=(4, 3, 2))
+    state.admit("a", [1, 2, 3, 1, 2, 3, 1, 2])
+    state.admit("b", [5])
+    state.add_roots(["a", "b"], [3, 7])
+    proposals, bins = state.propose_scored(["a", "b"], torch.tensor([3, 7]), state.scope_index(["a", "b"]),
+                                           union=union)
+    assert proposals.tokens.shape == bins.shape == (2, state.proposal_width(union))

@@ -187,6 +187,15 @@ class GraftRetrieval:
         store where its suffix match is long enough, else the recycling matrix)."""
         return self.propose_scored(rids, anchor_tokens, scopes)[0]
 
+    def proposal_width(self, union: bool = False) -> int:
+        """``R`` of :meth:`propose_scored`'s proposals (fixed per server)."""
+        if self.cfg.source == "none":
+            return 0
+        template = len(self.matrix.template().parents) if self.matrix is not None else 0
+        if not union:
+            return self.width
+        return (self.num_nodes - 1 if self.store is not None else 0) + template
+
     def propose_scored(self, rids: Sequence[Hashable], anchor_tokens: torch.Tensor,
                        scopes: Optional[torch.Tensor] = None, calibration=None,
                        union: bool = False) -> tuple[RetrievalProposals, torch.Tensor]:

@@ -34,6 +34,7 @@ from sglang_graft.sglang.draft_worker import GraftDraftWorker, GraftVerifyInput
 from sglang_graft.sglang.retrieval_state import GraftRetrieval
 from sglang_graft.sglang.step import GraftStepper, StepPlan
 from sglang_graft.tp_check import TreeHashCheck
+from sglang_graft.tree import warm_up_graft_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,22 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 stack.enter_context(moe())
                 stack.enter_context(a2a())
                 self._budget_states = self._build_budget_states(self.budgets)
+        self._warm_up_tree_kernels()
+
+    def _warm_up_tree_kernels(self) -> None:
+        """On CUDA, compile the Triton tree kernels for every pool size and budget now, not in the
+        first steps that need them (no-op on CPU)."""
+        if self.graft_cfg.placement != "root":
+            return  # the other placement runs the torch reference
+        backend = self._target_worker.model_runner.attn_backend
+        verify_mask = getattr(backend, "verify_mask", None)
+        mode = verify_mask.mode if verify_mask is not None else self._draft_worker.tree_mask_mode
+        shapes = warm_up_graft_kernels(
+            self.device, self.topk, self.speculative_num_steps,
+            self.retrieval.proposal_width(union=self.stepper.cost_aware),
+            {n: self.stepper.prune[n] for n in self.budgets}, overrides=self.stepper.cost_aware, mask_mode=mode)
+        if shapes:
+            logger.info("GRAFT compiled its tree kernels for %d step shapes", shapes)
 
     def _build_budget_states(self, budgets) -> dict:
         """SGLang's adaptive-spec runtime states, one per budget ``N`` (same draft depth); the

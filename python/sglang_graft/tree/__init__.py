@@ -36,7 +36,7 @@ from .flatten import (
 )
 from .graft import Placement, graft, graft_anchor
 from .guards import HostSyncError, forbid_host_sync
-from .pipeline import GraftStep, Proposer, build_graft_tree
+from .pipeline import GraftStep, Proposer, build_graft_tree, warm_up_graft_kernels
 from .prune import confidence_at_checkpoints, keep_best_draft_nodes, prune_by_confidence, pruning_stage
 from .types import (
     DEFAULT_THRESHOLDS,
@@ -103,6 +103,7 @@ __all__ = [
     "encode_tree_mask",
     "tree_layout_from_mask",
     "build_graft_tree",
+    "warm_up_graft_kernels",
     # verification
     "sibling_list_order",
     "verify_tree_greedy",

@@ -16,12 +16,12 @@ from typing import Callable, Optional, Union
 import torch
 
 from ..kernels import device_kernels
-from .flatten import flatten
+from .flatten import encode_tree_mask, flatten, write_tree_mask
 from .graft import Placement, graft, graft_anchor
 from .prune import prune_by_confidence
 from .types import DraftPool, GraftTree, PruneConfig, PrunedDraft, RetrievalProposals, VerifyLayout
 
-__all__ = ["GraftStep", "Proposer", "build_graft_tree"]
+__all__ = ["GraftStep", "Proposer", "build_graft_tree", "warm_up_graft_kernels"]
 
 # Retrieval for a batch, queried with the token each request's retrieved tree hangs under
 # (``[bs] int64``: the root token, or the deepest kept draft token under ``deepest_draft``).
@@ -123,3 +123,46 @@ def _fused_step(kernels, pool: DraftPool, root_tokens, proposals: RetrievalPropo
                           retrive_next_token=o["retrive_next_token"], retrive_next_sibling=o["retrive_next_sibling"],
                           depth=o["depth"], max_depth=o["max_depth"], ancestor_bits=o["ancestor_bits"])
     return GraftStep(pruned=pruned, proposals=proposals, tree=tree, layout=layout)
+
+
+def warm_up_graft_kernels(device, topk: int, num_steps: int, proposal_width: int,
+                          configs: dict[int, PruneConfig], overrides: bool, mask_mode: Optional[int] = None) -> int:
+    """Compile the tree kernels for every shape a server's steps can take, before serving.
+
+    Triton specialises a kernel on its ``constexpr`` shapes: the pool size (one per draft depth a
+    step may stop at), the budget ``N`` (``configs``: budget -> its prune config) and the cost-aware
+    overrides (``overrides``: ``num_keep`` / ``depth_limit`` given), and the verify mask's
+    encoding (``mask_mode``, a ``TreeMaskMode``). Compiling them here keeps a
+    compile (about a second each) out of the first steps that need them. No-op where the torch
+    references run; returns the number of shapes run.
+
+    Example: topk 4, 6 steps, budgets 1 / 2 / 4 / 8 / 16 -> 6 pool sizes x 5 budgets = 30 shapes.
+    """
+    from .draft import draft_depths
+    from .types import draft_pool_size
+
+    if device_kernels(device) is None:
+        return 0
+    shapes = 0
+    root = torch.zeros(1, dtype=torch.int64, device=device)
+    seq_lens = torch.ones(1, dtype=torch.int64, device=device)
+    proposals = RetrievalProposals(
+        tokens=torch.zeros((1, proposal_width), dtype=torch.int64, device=device),
+        parents=torch.full((1, proposal_width), -1, dtype=torch.int64, device=device),
+        scores=torch.zeros((1, proposal_width), dtype=torch.float32, device=device),
+        valid=torch.zeros((1, proposal_width), dtype=torch.bool, device=device))
+    for depth in range(1, num_steps + 1):
+        m = draft_pool_size(topk, depth)
+        pool = DraftPool(tokens=torch.zeros((1, m), dtype=torch.int64, device=device),
+                         parents=torch.full((1, m), -1, dtype=torch.int64, device=device),
+                         scores=torch.zeros((1, m), dtype=torch.float32, device=device),
+                         depths=draft_depths(topk, depth, device=device).reshape(1, m), topk=topk, num_steps=depth)
+        for n, config in configs.items():
+            keep = torch.zeros(1, dtype=torch.int64, device=device) if overrides else None
+            step = build_graft_tree(pool, root, proposals, seq_lens, n, config, num_keep=keep,
+                                    depth_limit=keep if overrides else None)
+            if mask_mode is not None and depth == 1 and not (int(mask_mode) == 2 and n > 32):
+                mask = encode_tree_mask(step.layout.ancestor_mask, mask_mode, seq_lens, 1)
+                write_tree_mask(step.layout, seq_lens, mask_mode, torch.empty_like(mask))
+            shapes += 1
+    return shapes
