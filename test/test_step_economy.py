@@ -92,7 +92,7 @@ def test_path_values_never_exceed_an_ancestor():
 
 
 def _stepper(mode: str, budgets=(1, 2, 4, 8), topk=2, steps=3, **cfg) -> GraftStepper:
-    config = GraftConfig(source="none", budget=mode, **cfg)
+    config = GraftConfig(budget=mode, **{"source": "none", **cfg})
     retrieval = GraftRetrieval(config, 32, num_nodes=max(budgets), num_stages=3, device="cpu")
     return GraftStepper(config, retrieval, num_steps=steps, topk=topk,
                         budgets=config.resolved_budgets(max(budgets)) if mode == "fixed" else budgets, device="cpu")
@@ -231,3 +231,51 @@ def test_host_timer_reports_every_step_at_once():
     (times, payload), = timer.end(("bs", 1))
     assert payload == ("bs", 1) and set(times) == {"draft", "retrieval", "tree", "verify", "draft_extend", "other"}
     assert timer.as_dict()["clock"] == "host"
+
+
+class _HostReads:
+    """Counts reads of tensor values on the host (what stalls a GPU stream): ``tolist``, ``item``,
+    ``numpy`` and Python's ``bool`` / ``int`` / ``float`` / ``index`` of a tensor."""
+
+    METHODS = ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch) -> None:
+        self.count = 0
+        for name in self.METHODS:
+            original = getattr(torch.Tensor, name)
+
+            def counted(t, *a, _original=original, **k):
+                self.count += 1
+                return _original(t, *a, **k)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def taken(self) -> int:
+        n, self.count = self.count, 0
+        return n
+
+
+def test_host_reads_per_cost_aware_step(monkeypatch):
+    """The host reads left in GRAFT's decisions (README, "On a GPU"): none before the draft, one
+    per considered draft pass, one for the budget, none after verify. A ratchet for the sync-free
+    step: lower these numbers, never raise them."""
+    s = _stepper("cost", source="auto", topk=2, steps=3)
+    _teach_costs(s, {1: 0.05, 8: 0.06}, pass_s=0.001)
+    s.retrieval.admit("a", [1, 2, 3, 1, 2, 3, 1, 2])
+    s.retrieval.admit("b", [4, 5, 6])
+    s.retrieval.add_roots(["a", "b"], [3, 7])
+    pool = random_pool(2, 2, 3, 30, seed=3)
+    partial = [random_pool(2, 2, depth, 30, seed=3) for depth in (1, 2)]
+    reads = _HostReads(monkeypatch)
+    s.timer.begin()
+    plan = s.begin(["a", "b"], torch.tensor([3, 7]))
+    assert reads.taken() == 0
+    for drafted in partial:
+        s.keep_drafting(plan, drafted)
+        assert reads.taken() == 1
+    step = s.build(plan, pool, torch.tensor([5, 9]))
+    assert reads.taken() == 1
+    bins = s.node_bins(plan, pool, step)
+    s.feedback(bins, step.tree.linked, step.tree.linked & (torch.rand(step.tree.linked.shape) < 0.5))
+    s.end_step(plan, bs=2)
+    assert reads.taken() == 0

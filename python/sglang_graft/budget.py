@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from sglang_graft.tree._ops import reduce_along_path
@@ -50,11 +51,10 @@ class StepCost:
 
     def __init__(self, alpha: float = 0.2) -> None:
         self.alpha = alpha
-        # rows: verify by tokens, draft pass by bs, fixed by bs; columns: buckets
-        self._live = torch.zeros(3, self.BUCKETS, dtype=torch.float64)
-        self._live_seen = torch.zeros(3, self.BUCKETS, dtype=torch.float64)
-        self._table = self._live.clone()
-        self._seen = self._live_seen.clone()
+        # Host numbers (numpy): rows verify by tokens, draft pass by bs, fixed by bs; columns buckets.
+        self._live = np.zeros((3, self.BUCKETS))
+        self._live_seen = np.zeros((3, self.BUCKETS))
+        self._points_of: list[list[tuple[float, float]]] = [[], [], []]  # published (bucket, seconds)
 
     @classmethod
     def bucket(cls, x: int) -> int:
@@ -76,16 +76,16 @@ class StepCost:
 
     def publish(self, all_reduce_sum=None) -> None:
         """Make the live table the one predictions read; with ``all_reduce_sum`` (a collective
-        summing a tensor in place over the tensor-parallel ranks), the ranks' average."""
-        values = torch.stack([self._live * self._live_seen, self._live_seen])
+        summing a CPU tensor in place over the tensor-parallel ranks), the ranks' average."""
+        values = torch.from_numpy(np.stack([self._live * self._live_seen, self._live_seen]))
         if all_reduce_sum is not None:
             all_reduce_sum(values)
-        seen = values[1]
-        self._table = torch.where(seen > 0, values[0] / seen.clamp(min=1), 0.0)
-        self._seen = (seen > 0).double()
+        total, seen = values.numpy()
+        self._points_of = [[(b, float(total[r, b] / seen[r, b])) for b in range(self.BUCKETS) if seen[r, b] > 0]
+                           for r in range(3)]
 
     def _points(self, row: int) -> list[tuple[float, float]]:
-        return [(2.0 ** b, float(self._table[row, b])) for b in range(self.BUCKETS) if self._seen[row, b]]
+        return [(2.0 ** b, y) for b, y in self._points_of[row]]
 
     def verify(self, tokens: int) -> float:
         """Seconds to verify ``tokens`` (interpolated between published buckets; beyond them,
@@ -105,7 +105,7 @@ class StepCost:
         return max(y1, y1 + (y1 - y0) * (t - x1) / (x1 - x0))
 
     def _nearest(self, row: int, x: int) -> float:
-        pts = [(b, float(self._table[row, b])) for b in range(self.BUCKETS) if self._seen[row, b]]
+        pts = self._points_of[row]
         if not pts:
             return 0.0
         b = self.bucket(x)
@@ -124,8 +124,7 @@ class StepCost:
 
     def as_dict(self) -> dict:
         names = ("verify_s_by_tokens", "draft_pass_s_by_bs", "fixed_s_by_bs")
-        return {name: {2 ** b: round(v, 6) for b, v in ((b, float(self._table[r, b])) for b in range(self.BUCKETS))
-                       if self._seen[r, b]} for r, name in enumerate(names)}
+        return {name: {2 ** b: round(v, 6) for b, v in self._points_of[r]} for r, name in enumerate(names)}
 
 
 # -- value ---------------------------------------------------------------------------------------
