@@ -36,6 +36,8 @@ from local_server import SERVER_ENV, SGLangServer  # noqa: E402
 DEFAULT_HEAD = HERE / "models" / "smollm2-135m-eagle3"
 METHODS = {
     "none": [],
+    # SGLang turns the overlap scheduler off for speculative decoding on CPU; this isolates the step
+    "none-no-overlap": ["--disable-overlap-schedule"],
     "EAGLE3-tree": ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "4", "--speculative-eagle-topk",
                     "4", "--speculative-num-draft-tokens", "16"],
     "GRAFT": ["--speculative-algorithm", "GRAFT"],  # the defaults a user gets
