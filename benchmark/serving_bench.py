@@ -56,12 +56,12 @@ def write_dataset(path: Path, per_category: int) -> int:
 
 
 def run_load(url: str, model: Path, dataset: Path, concurrency: int, num_prompts: int, output_len: int,
-             out_file: Path) -> dict:
+             out_file: Path, natural_eos: bool = False) -> dict:
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
            "--tokenizer", str(model), "--dataset-name", "custom", "--dataset-path", str(dataset),
            "--apply-chat-template", "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1",
-           "--output-file", str(out_file), "--disable-tqdm"]
+           "--output-file", str(out_file), "--disable-tqdm"] + (["--disable-ignore-eos"] if natural_eos else [])
     env = {**os.environ, **SERVER_ENV}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if proc.returncode != 0:
@@ -78,7 +78,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
     ap.add_argument("--prompts-per-level", type=int, nargs="+", default=[8, 16, 32],
                     help="requests sent at each concurrency (one value per --concurrency)")
-    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128,
+                    help="tokens per request (with --natural-eos: at most this many)")
+    ap.add_argument("--natural-eos", action="store_true",
+                    help="requests end at the model's end of text (variable lengths) instead of exactly --output-len")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "serving")
     args = ap.parse_args()
     if len(args.prompts_per_level) != len(args.concurrency):
@@ -91,6 +94,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     dataset = args.out / "prompts.jsonl"
     n_rows = write_dataset(dataset, 5)
+    if max(args.prompts_per_level) > n_rows:  # bench_serving would cap it silently
+        print(f"[serving_bench] the dataset has {n_rows} prompts: --prompts-per-level capped to {n_rows}")
+        args.prompts_per_level = [min(n, n_rows) for n in args.prompts_per_level]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     results = []
     t_start = time.time()
@@ -102,8 +108,11 @@ def main() -> None:
         with SGLangServer(args.model, extra, log_path=args.out / f"{name}.log") as srv:
             srv.generate_ids([1, 2, 3, 4], 8)  # warm-up
             for conc, n in zip(args.concurrency, args.prompts_per_level):
-                r = run_load(srv.url, args.model, dataset, conc, n, args.output_len, args.out / f"{name}-c{conc}.jsonl")
+                r = run_load(srv.url, args.model, dataset, conc, n, args.output_len, args.out / f"{name}-c{conc}.jsonl",
+                             args.natural_eos)
                 results.append({"method": name, "concurrency": conc, "num_prompts": n,
+                                "natural_eos": args.natural_eos, "mean_ttft_ms": r.get("mean_ttft_ms"),
+                                "mean_tpot_ms": r.get("mean_tpot_ms"), "total_output_tokens": r.get("total_output_tokens"),
                                 "output_throughput": r["output_throughput"],
                                 "request_throughput": r.get("request_throughput"),
                                 "median_itl_ms": r.get("median_itl_ms"), "median_ttft_ms": r.get("median_ttft_ms"),
