@@ -35,9 +35,10 @@ from .flatten import (
     write_tree_mask,
 )
 from .graft import Placement, graft, graft_anchor
-from .guards import HostSyncError, forbid_host_sync
+from .guards import HostReadCounter, HostSyncError, forbid_host_sync
 from .pipeline import GraftStep, Proposer, build_graft_tree, warm_up_graft_kernels
 from .prune import confidence_at_checkpoints, keep_best_draft_nodes, prune_by_confidence, pruning_stage
+from .reroot import reroot_proposals
 from .types import (
     DEFAULT_THRESHOLDS,
     PAPER_BUDGET,
@@ -102,6 +103,7 @@ __all__ = [
     "bitpacked_tree_mask",
     "encode_tree_mask",
     "tree_layout_from_mask",
+    "reroot_proposals",
     "build_graft_tree",
     "warm_up_graft_kernels",
     # verification
@@ -116,5 +118,6 @@ __all__ = [
     "from_host",
     # guards
     "HostSyncError",
+    "HostReadCounter",
     "forbid_host_sync",
 ]

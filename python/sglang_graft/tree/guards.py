@@ -9,13 +9,17 @@ prove to be value-independent.
 
 from __future__ import annotations
 
+import os
+import sys
+from collections import Counter
 from contextlib import contextmanager
 from typing import Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["HostSyncError", "FORBIDDEN_OPS", "forbid_host_sync"]
+__all__ = ["HostSyncError", "FORBIDDEN_OPS", "forbid_host_sync", "HostReadCounter"]
 
 
 class HostSyncError(RuntimeError):
@@ -75,3 +79,53 @@ def forbid_host_sync() -> Iterator[list[str]]:
     mode = _SyncDetector()
     with mode:
         yield mode.ops
+
+
+# Tensor methods that hand a tensor's values to Python (on a GPU: wait for the stream, copy back).
+_READ_METHODS = frozenset({"tolist", "item", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__",
+                           "nonzero", "masked_select", "unique", "bincount"})
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+class HostReadCounter(TorchFunctionMode):
+    """Counts host reads of tensor values inside its block, by the module that asked for them.
+
+    A read is a method in ``_READ_METHODS`` (``.tolist()``, ``.item()``, ``bool(t)``, ``.cpu()``,
+    ``nonzero``...) or indexing with a boolean mask (a hidden ``nonzero``). Each is charged to the
+    innermost calling module outside torch, so GRAFT's reads (``sglang_graft.*``) are told apart
+    from SGLang's. On a GPU every one of them waits for the stream; on a CPU they are what a GPU
+    would wait for. ``counts``: ``Counter`` of module name -> reads; ``sites``: (module, line,
+    method) -> reads.
+
+    Example::
+
+        with HostReadCounter() as reads:
+            step()
+        assert reads.total("sglang_graft") == 0
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+        self.sites: Counter = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        name = getattr(func, "__name__", "")
+        if name in _READ_METHODS or (name in ("__getitem__", "__setitem__") and _bool_index(args)):
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
+                frame = frame.f_back
+            module = frame.f_globals.get("__name__", "?") if frame is not None else "?"
+            self.counts[module] += 1
+            self.sites[(module, frame.f_lineno if frame is not None else 0, name)] += 1
+        return func(*args, **(kwargs or {}))
+
+    def total(self, prefix: str) -> int:
+        """Reads charged to modules whose name starts with ``prefix``."""
+        return sum(n for module, n in self.counts.items() if module.startswith(prefix))
+
+
+def _bool_index(args: tuple) -> bool:
+    index = args[1] if len(args) > 1 else None
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
