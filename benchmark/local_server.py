@@ -35,7 +35,7 @@ class SGLangServer:
     """``python -m sglang.launch_server`` in its own session; use as a context manager."""
 
     def __init__(self, model_path: str | Path, extra_args: Optional[list[str]] = None,
-                 log_path: Optional[Path] = None, timeout: float = 240.0):
+                 log_path: Optional[Path] = None, timeout: float = 240.0, env: Optional[dict] = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
@@ -43,9 +43,10 @@ class SGLangServer:
         self.log_path = log_path
         self.timeout = timeout
         self.proc: Optional[subprocess.Popen] = None
+        self.env = env or {}
 
     def start(self) -> "SGLangServer":
-        env = {**os.environ, **SERVER_ENV}
+        env = {**os.environ, **SERVER_ENV, **self.env}
         log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(self.args, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)

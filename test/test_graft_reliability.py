@@ -1,4 +1,5 @@
-"""A GRAFT server under mixed load and bad input (tiny Llama + tiny EAGLE-3 head, float32).
+"""A GRAFT server under mixed load and bad input (tiny Llama + tiny EAGLE-3 head, float32), with the
+CPU default and with the sync-free step (1-3).
 
 1. Every bad input alone: a 4xx with a clear message, and the server still healthy after each.
 2. ~100 mixed requests, up to 32 in flight, twice: greedy (1 / 2 / 17 / 64 tokens, stop strings,
@@ -68,10 +69,13 @@ def plain_server(tiny_models, server_logs):
         yield srv
 
 
-@pytest.fixture(scope="module")
-def graft_server(tiny_models, server_logs):
-    with SGLangServer(tiny_models["llama"], _graft(tiny_models, "--speculative-graft-recycle-scope", "shared"),
-                      log_path=server_logs / "reliability-graft.log") as srv:
+@pytest.fixture(scope="module", params=["off", "on"], ids=["fresh", "sync-free"])
+def graft_server(tiny_models, server_logs, request):
+    """The CPU default, and the sync-free step (CUDA's default: lagged commits, a request's paths
+    forgotten when it is aborted or retracted)."""
+    args = _graft(tiny_models, "--speculative-graft-recycle-scope", "shared", "--speculative-graft-sync-free",
+                  request.param)
+    with SGLangServer(tiny_models["llama"], args, log_path=server_logs / f"reliability-graft-{request.param}.log") as srv:
         yield srv
 
 

@@ -66,10 +66,13 @@ def _run_all(srv, ids):
     return [srv.generate_ids(p, NEW_TOKENS) for p in ids]
 
 
+COUNT_READS = {"SGLANG_GRAFT_COUNT_HOST_READS": "1"}
+
+
 def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_logs, reference):
     ids, ref = reference
     with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-per-step-metrics"),
-                      log_path=server_logs / "graft-auto.log") as srv:
+                      log_path=server_logs / "graft-auto.log", env=COUNT_READS) as srv:
         outs = _run_all(srv, ids)
         assert [o["output_ids"] for o in outs] == ref
         retrieved = [o["meta_info"]["graft_retrieved_accepted"] for o in outs]
@@ -91,6 +94,39 @@ def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_l
         assert sum(graft["stage_histogram"]) == graft["verify_steps"]
         assert info["avg_spec_accept_length"] >= 1.0
         assert "Traceback" not in srv.tail(10 ** 8)  # a normal start prints no traceback
+        # on a CPU GRAFT reads fresh values on the host (sync-free off): the counter sees them
+        assert graft["sync_free"] is False and graft["host_reads"]["graft"] >= graft["economy"]["steps"]
+
+
+def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs, reference):
+    """``--speculative-graft-sync-free on`` (CUDA's default) served on a CPU: token-exact alone and
+    under concurrency (requests joining and leaving every few steps), sampling completes, retrieval
+    re-rooted on the device still gets tokens accepted, and GRAFT's code reads no tensor value on
+    the host in any worker call (SGLang's own reads counted apart)."""
+    ids, ref = reference
+    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-sync-free", "on"),
+                      log_path=server_logs / "graft-sync-free.log", env=COUNT_READS) as srv:
+        outs = _run_all(srv, ids)
+        assert [o["output_ids"] for o in outs] == ref
+        lengths = [8, 32, 16, 24, 32, 12, 32, 20, 5, 32, 17, 9]
+        with cf.ThreadPoolExecutor(6) as pool:
+            futs = [pool.submit(srv.generate_ids, ids[i], n) for i, n in enumerate(lengths)]
+            concurrent = [f.result() for f in futs]
+        for i, (o, n) in enumerate(zip(concurrent, lengths)):
+            assert o["output_ids"] == ref[i][:n], i
+        sampled = [srv.generate_ids(p, 16, temperature=0.8, top_p=0.9, sampling_seed=3) for p in ids[:3]]
+        assert all(len(o["output_ids"]) == 16 for o in sampled)
+        time.sleep(0.5)
+        graft = _server_info(srv)["graft"]
+    assert graft["sync_free"] is True
+    reads = graft["host_reads"]
+    assert reads["graft"] == 0, reads["graft_sites"]
+    assert reads["sglang"] + reads["cpu_kernels"] > 0  # the counter was on (SGLang's CPU step reads values)
+    economy = graft["economy"]
+    assert economy["steps"] > 50 and economy["mean_draft_passes"] < 2
+    assert graft["accepted_retrieved_tokens"] > 0  # re-rooted retrieval is accepted (the tiny head rarely is)
+    assert graft["verify_steps"] > 0 and graft["sampling_verify_steps"] > 0
+    assert graft["live_stores"] == 0
 
 
 @pytest.mark.parametrize("mode,extra", [
@@ -101,16 +137,22 @@ def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_l
                         "--speculative-graft-keep-fractions", "0", "0", "0",
                         "--speculative-graft-checkpoint-depths", "0", "1", "2"]),
     ("draft-only", ["--speculative-graft-source", "none"]),
+    ("chain-sync-free", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
+                         "--speculative-graft-thresholds", "0", "0.5", "0.5", "--speculative-graft-sync-free", "on"]),
     ("recycle", ["--speculative-graft-source", "recycle", "--speculative-graft-tp-check", "1"]),
 ])
 def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extra):
     ids, ref = reference
     with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, *extra),
-                      log_path=server_logs / f"graft-{mode}.log") as srv:
+                      log_path=server_logs / f"graft-{mode}.log", env=COUNT_READS) as srv:
         outs = _run_all(srv, ids)
         graft = _server_info(srv)["graft"]
     assert [o["output_ids"] for o in outs] == ref
     assert "graft_steps" not in outs[0]["meta_info"]  # per-step fields are opt-in
+    if mode == "chain-sync-free":
+        assert graft["host_reads"]["graft"] == 0, graft["host_reads"]["graft_sites"]
+        assert graft["accepted_retrieved_tokens"] > 0
+        return  # no per-request counts in sync-free responses
     drafted = sum(o["meta_info"]["graft_draft_accepted"] for o in outs)
     retrieved = sum(o["meta_info"]["graft_retrieved_accepted"] for o in outs)
     if mode == "retrieval-only":

@@ -1,7 +1,7 @@
 """GRAFT under tensor parallelism: two CPU ranks (gloo), greedy output token-exact against the same
 TP 2 server without speculation, with ``--speculative-graft-tp-check 1`` comparing a hash of every
 verify tree across the ranks (a real all-reduce) and the cost model's published step costs summed
-over them."""
+over them; with and without the sync-free step."""
 
 from __future__ import annotations
 
@@ -25,20 +25,32 @@ def _concurrently(srv, ids):
         return list(pool.map(lambda p: srv.generate_ids(p, NEW_TOKENS)["output_ids"], ids))
 
 
-def test_graft_tp2_token_exact_with_the_tree_check(tiny_models, server_logs, monkeypatch):
+@pytest.fixture(scope="module")
+def tp2_reference(tiny_models, server_logs):
+    ids = _ids(tiny_models["llama"])[:12]
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in TP2_ENV.items():
+            mp.setenv(k, v)
+        with SGLangServer(tiny_models["llama"], TP2, log_path=server_logs / "tp2-ref.log") as srv:
+            return ids, _concurrently(srv, ids)
+
+
+@pytest.mark.parametrize("sync_free", ["off", "on"])
+def test_graft_tp2_token_exact_with_the_tree_check(tiny_models, server_logs, monkeypatch, tp2_reference, sync_free):
+    """``sync_free on``: both ranks take in the same lagged results at the same calls and re-root
+    along the same device paths, so their trees stay equal too."""
     for k, v in TP2_ENV.items():
         monkeypatch.setenv(k, v)
-    ids = _ids(tiny_models["llama"])[:12]
-    with SGLangServer(tiny_models["llama"], TP2, log_path=server_logs / "tp2-ref.log") as srv:
-        ref = _concurrently(srv, ids)
+    ids, ref = tp2_reference
     graft = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
              "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
-             "--speculative-graft-tp-check", "1", *TP2]
-    with SGLangServer(tiny_models["llama"], graft, log_path=server_logs / "tp2-graft.log") as srv:
+             "--speculative-graft-tp-check", "1", "--speculative-graft-sync-free", sync_free, *TP2]
+    with SGLangServer(tiny_models["llama"], graft, log_path=server_logs / f"tp2-graft-{sync_free}.log") as srv:
         outs = _concurrently(srv, ids)
         info = requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["graft"]
         log = srv.tail(10 ** 8)
     assert outs == ref
+    assert info["sync_free"] is (sync_free == "on")
     steps = info["economy"]["steps"]
     assert steps > 0 and info["tp_checks"] == steps  # every tree compared across both ranks
     assert info["accepted_retrieved_tokens"] > 0  # the repetitive prompts are served from retrieval

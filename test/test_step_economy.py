@@ -256,9 +256,9 @@ class _HostReads:
 
 
 def test_host_reads_per_cost_aware_step(monkeypatch):
-    """The host reads left in GRAFT's decisions (README, "On a GPU"): none before the draft, one
-    per considered draft pass, one for the budget, none after verify. A ratchet for the sync-free
-    step: lower these numbers, never raise them."""
+    """The host reads of GRAFT's fresh decisions (``--speculative-graft-sync-free off``, README "On a
+    GPU"): none before the draft, one per considered draft pass, one for the budget, none after
+    verify. A ratchet: lower these numbers, never raise them (``test_sync_free.py``: none at all)."""
     s = _stepper("cost", source="auto", topk=2, steps=3)
     _teach_costs(s, {1: 0.05, 8: 0.06}, pass_s=0.001)
     s.retrieval.admit("a", [1, 2, 3, 1, 2, 3, 1, 2])

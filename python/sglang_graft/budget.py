@@ -77,10 +77,10 @@ class StepCost:
     def publish(self, all_reduce_sum=None) -> None:
         """Make the live table the one predictions read; with ``all_reduce_sum`` (a collective
         summing a CPU tensor in place over the tensor-parallel ranks), the ranks' average."""
-        values = torch.from_numpy(np.stack([self._live * self._live_seen, self._live_seen]))
+        host = np.stack([self._live * self._live_seen, self._live_seen])
         if all_reduce_sum is not None:
-            all_reduce_sum(values)
-        total, seen = values.numpy()
+            all_reduce_sum(torch.from_numpy(host))  # in place: the tensor shares the host array
+        total, seen = host
         self._points_of = [[(b, float(total[r, b] / seen[r, b])) for b in range(self.BUCKETS) if seen[r, b] > 0]
                            for r in range(3)]
 

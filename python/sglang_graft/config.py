@@ -15,6 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
+import torch
+
 from sglang_graft.tree.types import (
     DEFAULT_THRESHOLDS,
     PAPER_BUDGET,
@@ -31,6 +33,10 @@ PLACEMENTS = ("root", "deepest_draft")
 RECYCLE_SCOPES = ("shared", "tenant", "request")
 # How the verify budget is chosen: per step from measured costs and calibrated node values, or fixed.
 BUDGET_MODES = ("cost", "fixed")
+# Whether the decode step may read device values on the host: ``on`` never (decisions and retrieval
+# from results two worker calls old, re-rooted on the device), ``off`` (fresh values, host reads),
+# ``auto``: on for CUDA, off on a CPU (where a host read stalls nothing).
+SYNC_FREE_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class GraftConfig:
     budgets: Tuple[int, ...] = ()  # verify budgets a step may choose; empty = 1, 2, 4, ... below N, and N
     skip_draft_tokens: float = 3.0  # retrieval alone expects this many accepted tokens: no draft passes
     tp_check: int = 0  # every K steps compare a hash of the verify tree across TP ranks (0 = off)
+    sync_free: str = "auto"  # no host read in the decode step (see SYNC_FREE_MODES)
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:
         """Checkpoint depths for a draft of ``num_steps`` levels (depths 0..num_steps-1)."""
@@ -96,6 +103,13 @@ class GraftConfig:
         keep = tuple(min(budget, max(int(f > 0), round(f * budget))) for f in self.keep_fractions[:n])
         return PruneConfig(checkpoint_depths=depths, thresholds=tuple(self.thresholds[:n]),
                            keep_per_stage=keep, min_retrieval_slots=self.min_retrieval_slots)
+
+    def resolved_sync_free(self, device) -> bool:
+        """Whether the decode step runs without host reads on ``device`` (``auto``: on CUDA, unless
+        the placement or per-step metrics need host reads)."""
+        if self.sync_free == "auto":
+            return torch.device(device).type == "cuda" and self.placement == "root" and not self.per_step_metrics
+        return self.sync_free == "on"
 
     @property
     def uses_store(self) -> bool:
@@ -141,6 +155,11 @@ _FLAGS: dict[str, dict[str, Any]] = {
                               "have this many tokens accepted needs no draft pass."),
     "tp_check": dict(type=int, help="Every K verify steps, all-reduce a hash of the tree over the tensor-parallel "
                      "ranks and stop with an error if they differ (0 = off; each check is one host sync)."),
+    "sync_free": dict(choices=SYNC_FREE_MODES, help="on: the decode step reads no device value on the host "
+                      "(retrieval, draft depth and budget decided from results two steps old, retrieved trees "
+                      "re-rooted on the device along the newest committed path; responses carry no per-request "
+                      "GRAFT counts); off: fresh values, a few host reads per step; auto: on for CUDA (unless "
+                      "--speculative-graft-placement deepest_draft or --speculative-graft-per-step-metrics), off on a CPU."),
     "per_step_metrics": dict(action=argparse.BooleanOptionalAction, help="Report GRAFT's counts per verify step "
                              "in each response's meta_info (per-step acceptance patterns can fingerprint content); "
                              "by default responses carry per-request totals."),
@@ -193,6 +212,14 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
     if cfg.budgets and (min(cfg.budgets) < 1 or max(cfg.budgets) != num_nodes):
         raise ValueError(f"{flag_name('budgets')} must be >= 1 and end at --speculative-num-draft-tokens "
                          f"{num_nodes}, got {list(cfg.budgets)}")
+    if cfg.sync_free not in SYNC_FREE_MODES:
+        raise ValueError(f"{flag_name('sync_free')} must be one of {', '.join(SYNC_FREE_MODES)}, got {cfg.sync_free!r}")
+    if cfg.sync_free == "on" and cfg.placement != "root":
+        raise ValueError(f"{flag_name('sync_free')} on needs {flag_name('placement')} root (retrieval under a "
+                         "draft node is proposed after the draft, from a host read)")
+    if cfg.sync_free == "on" and cfg.per_step_metrics:
+        raise ValueError(f"{flag_name('per_step_metrics')} reads each step's counts on the host; it needs "
+                         f"{flag_name('sync_free')} off")
     if cfg.tp_check < 0:
         raise ValueError(f"{flag_name('tp_check')} must be >= 0 (0 = off), got {cfg.tp_check}")
     if cfg.skip_draft_tokens < 0:

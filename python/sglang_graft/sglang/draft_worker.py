@@ -41,6 +41,8 @@ class GraftStepInfo:
     verified_nodes: torch.Tensor  # [bs, N] root and linked nodes (padding excluded)
     node_bins: torch.Tensor  # [bs, N] calibration bin of every node
     scopes: Optional[torch.Tensor]  # [bs] recycling-matrix scope of each request
+    levels_used: torch.Tensor  # [bs] draft levels the tree uses (0: none)
+    expected: Optional[torch.Tensor]  # [bs, budgets] expected committed tokens per budget (cost mode)
 
 
 @dataclass
@@ -165,7 +167,8 @@ class GraftDraftWorker(EagleDraftWorker):
             rids = [r.rid for r in batch.reqs]
             root = batch.spec_info.bonus_tokens.to(torch.int64)
             self._prepare_retrieval(rids, root)
-            plan = self.stepper.begin(rids, root)
+            ring = self.retrieval.ring
+            plan = self.stepper.begin(rids, root, ring.pending(batch.req_pool_indices) if ring is not None else None)
         first = batch.spec_info.topk_p[:, 0].float() if self.topk == 1 and not idle else None
         recorder = _DraftRecorder(self.stepper, plan, self.topk, first)
 
@@ -255,7 +258,8 @@ class GraftDraftWorker(EagleDraftWorker):
             idx = torch.arange(num_nodes, device=layout.positions.device)
             info = GraftStepInfo(stage=step.pruned.stage, retrieval_only=tree.from_retrieval & ~tree.from_draft,
                                  verified_nodes=tree.linked | (idx == 0),
-                                 node_bins=self.stepper.node_bins(plan, pool, step), scopes=plan.scopes)
+                                 node_bins=self.stepper.node_bins(plan, pool, step), scopes=plan.scopes,
+                                 levels_used=self.stepper.levels_used(pool, step), expected=plan.expected_rows)
         return GraftVerifyInput(
             draft_token=layout.draft_token,
             custom_mask=mask,
@@ -276,11 +280,14 @@ class GraftDraftWorker(EagleDraftWorker):
 
     def _prepare_retrieval(self, rids: list, root: torch.Tensor) -> None:
         """Every request was admitted at prefill; a request's first decode step adds the token its
-        prefill sampled (the root) to its store (one host read, only on steps where requests join)."""
+        prefill sampled (the root) to its store (one host read, only on steps where requests join;
+        sync-free steps re-root along it instead)."""
         try:
             self.retrieval.check_admitted(rids)
         except NotAdmittedError as e:
             raise seams.PREFILL_BATCH.error(str(e)) from None
+        if self.retrieval.ring is not None:
+            return
         rows = self.retrieval.rows_needing_root(rids)
         if rows:
             roots = root[from_host(rows, torch.int64, root.device)].tolist()

@@ -10,6 +10,11 @@ from the scheduler's ``output_ids`` (which lag one step under the overlap schedu
 * :meth:`add_roots` appends the prefill's sampled token (the first root) at the first decode step;
 * :meth:`commit` appends every verify step's accepted tokens and bonus token.
 
+Sync-free (``--speculative-graft-sync-free``): :attr:`ring` (a :class:`~sglang_graft.sglang.lagged.CommitRing`)
+keeps each request's newest committed path on the device; :meth:`drain` commits the older paths
+when their host copies are known complete, and proposals are re-rooted along the newest path on
+the device (``propose_scored(..., pending=...)``).
+
 Determinism under tensor parallelism: every rank runs this with the same inputs (the scheduler
 broadcasts requests; accepted tokens come from the same verify result; the recycling matrix is
 updated from logits that vocab-parallel lm_head gathers identically on every rank), scopes are
@@ -26,7 +31,8 @@ import torch
 
 from sglang_graft.config import GraftConfig
 from sglang_graft.retrieval import RecyclingMatrix, RetrievalStore, ScopeTable, stack_trees
-from sglang_graft.tree import RetrievalProposals, from_host
+from sglang_graft.sglang.lagged import ACCEPT_LEN, DRAFTED, RETRIEVED, STAGE, CommitRing, LaggedEntry
+from sglang_graft.tree import RetrievalProposals, from_host, reroot_proposals
 
 WARMUP_RID = "__graft_warmup__"
 
@@ -93,7 +99,33 @@ class GraftRetrieval:
         self.counters = GraftCounters(stage_histogram=[0] * (num_stages + 1))
         self._indexed: dict[Hashable, int] = {}  # admitted requests -> tokens of theirs indexed
         self._root_pending: set[Hashable] = set()
+        self.ring: Optional[CommitRing] = None  # sync-free steps (see :meth:`use_ring`)
         self._warm_up()
+
+    def use_ring(self, num_slots: int) -> CommitRing:
+        """Sync-free steps: committed tokens reach the stores through a :class:`CommitRing` of
+        ``num_slots`` device rows (SGLang's request pool), two worker calls late."""
+        self.ring = CommitRing(num_slots, self.num_nodes, self.device)
+        return self.ring
+
+    def drain(self) -> list[LaggedEntry]:
+        """Start of a worker call (sync-free): append the committed paths now known on the host to
+        their stores; count the steps now readable; return those entries (oldest first)."""
+        drained = self.ring.begin_call()
+        self.commit([rid for rid, _ in drained.commits], [toks for _, toks in drained.commits])
+        c = self.counters
+        for entry in drained.entries:
+            if entry.stats is None:
+                continue  # a prefill's sampled token
+            stats = entry.stats
+            c.verify_steps += len(entry.rids)
+            c.accepted_retrieved_tokens += int(stats[:, RETRIEVED].sum())
+            c.accepted_draft_tokens += int(stats[:, DRAFTED].sum())
+            c.bonus_tokens += len(entry.rids)
+            for s in stats[:, STAGE].astype(int):
+                c.stage_histogram[s] += 1
+            assert (stats[:, ACCEPT_LEN] == entry.lengths).all()
+        return drained.entries
 
     def _warm_up(self) -> None:
         """Compile the store's numba kernels now rather than inside the first request."""
@@ -129,7 +161,10 @@ class GraftRetrieval:
             elif len(tokens) > seen:
                 self.store.extend(rid, tokens[seen:])
             self.store.make_room(rid)  # a prompt that fills the window is rebuilt here, in its prefill
-            self._root_pending.add(rid)
+            if self.ring is None:
+                self._root_pending.add(rid)
+        if self.ring is not None:
+            self.ring.forget(rid)  # an earlier chunk's sampled token, or a retracted request's paths
         self._indexed[rid] = len(tokens)
         if self.scopes is not None:
             scope, must_reset = self.scopes.acquire(rid, self.scope_key(rid, tenant))
@@ -157,6 +192,8 @@ class GraftRetrieval:
         """Forget ``rid`` (finished, aborted or retracted; a retracted request is admitted anew)."""
         self._indexed.pop(rid, None)
         self._root_pending.discard(rid)
+        if self.ring is not None:
+            self.ring.forget(rid)
         if self.store is not None and rid in self.store:
             self.store.free(rid)
         if self.scopes is not None:
@@ -198,12 +235,18 @@ class GraftRetrieval:
 
     def propose_scored(self, rids: Sequence[Hashable], anchor_tokens: torch.Tensor,
                        scopes: Optional[torch.Tensor] = None, calibration=None,
-                       union: bool = False) -> tuple[RetrievalProposals, torch.Tensor]:
+                       union: bool = False, pending: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                       ) -> tuple[RetrievalProposals, torch.Tensor]:
         """Proposals and each node's calibration bin (``[bs, R]``, zeros without ``calibration``).
 
         ``union``: with source ``auto``, both sources' trees side by side (``R`` is their sum;
         a node both propose under the same path is kept once, by graft) instead of one source
         per request chosen by the match-length threshold.
+
+        ``pending``: sync-free steps, ``([bs, W] paths, [bs] lengths)`` committed since the stores'
+        contexts end (the ring's pending paths; the last token is ``anchor_tokens``). The stores
+        propose deeper trees, re-rooted on the device along the paths; the recycling matrix
+        proposes under ``anchor_tokens`` as always.
         """
         bs = len(rids)
         if self.cfg.source == "none":
@@ -211,13 +254,18 @@ class GraftRetrieval:
             return empty, torch.zeros((bs, 0), dtype=torch.int64, device=self.device)
         parts = []
         if self.store is not None:
-            trees = self.store.propose(rids, self.cfg.retrieval_max_depth, self.num_nodes - 1)
             width = self.num_nodes - 1 if union else self.width
-            tok, par, sc, va = stack_trees(trees, width, device=self.device)
-            bins = torch.zeros_like(tok)
+            extra = 0 if pending is None else pending[0].shape[1]  # the path the trees are re-rooted along
+            trees = self.store.propose(rids, self.cfg.retrieval_max_depth + extra, self.num_nodes - 1 + extra)
+            tok, par, sc, va = stack_trees(trees, width + extra, device=self.device)
             match = None
-            if calibration is not None or (self.matrix is not None and not union):
+            if calibration is not None or (self.matrix is not None and not union) or pending is not None:
                 match = from_host([self.store.match_length(rid) for rid in rids], torch.int64, self.device)
+            if pending is not None:
+                rerooted, matched = reroot_proposals(RetrievalProposals(tok, par, sc, va), *pending, width)
+                tok, par, sc, va = rerooted.tokens, rerooted.parents, rerooted.scores, rerooted.valid
+                match = torch.where(matched, match + pending[1], 0)
+            bins = torch.zeros_like(tok)
             if calibration is not None:
                 bins = calibration.sam_bins(torch.where(va, sc, 1e-12), match)
             parts.append((tok, par, sc, va, bins))

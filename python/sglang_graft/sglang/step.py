@@ -15,6 +15,13 @@ The worker (``worker.py``) adapts SGLang's objects to these calls, in this order
 
 ``--speculative-graft-budget fixed`` keeps the earlier behaviour: every draft pass, ``N`` fixed,
 the published per-stage draft / retrieval split.
+
+Sync-free steps (``--speculative-graft-sync-free``) take the same decisions without reading the
+device: the draft depth and the budget come from the newest step whose results are on the host
+(two worker calls old, :meth:`GraftStepper.observe`), and proposals are re-rooted on the device.
+The draft depth: as many passes as that step's tree used draft levels, i.e. one level deeper than
+it used (a step that used 2 levels of 3 drafted makes the next run 2 passes: 3 levels); the budget:
+its per-request expected tokens of every budget, scaled to this batch, against the cost model.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from sglang_graft.budget import (
     path_values,
 )
 from sglang_graft.config import GraftConfig
+from sglang_graft.sglang.lagged import LEVELS_USED, NUM_FIXED_STATS, LaggedEntry
 from sglang_graft.sglang.retrieval_state import GraftRetrieval
 from sglang_graft.tree import (
     DraftPool,
@@ -60,6 +68,8 @@ class StepPlan:
     passes: int = 0  # draft forward passes run
     num_nodes: int = 0  # chosen verify budget
     explore: bool = False
+    planned_passes: Optional[int] = None  # sync-free: draft passes decided before the draft
+    expected_rows: Optional[torch.Tensor] = None  # [bs, budgets] expected tokens per budget (cost mode)
 
 
 @dataclass
@@ -94,7 +104,7 @@ class GraftStepper:
     EXPLORE_EVERY = 32  # one step in this many measures a budget in turn (the cost model's data)
 
     def __init__(self, cfg: GraftConfig, retrieval: GraftRetrieval, num_steps: int, topk: int,
-                 budgets: Sequence[int], device, all_reduce_sum=None) -> None:
+                 budgets: Sequence[int], device, all_reduce_sum=None, sync_free: bool = False) -> None:
         self.cfg = cfg
         self.retrieval = retrieval
         self.num_steps = num_steps
@@ -111,6 +121,8 @@ class GraftStepper:
         self.checkpoints = cfg.resolved_checkpoints(num_steps)
         self.last_plan: Optional[StepPlan] = None
         self.prune = {n: cfg.prune_config(n, num_steps) for n in self.budgets}
+        self.sync_free = sync_free
+        self.lagged: Optional[LaggedEntry] = None  # newest decode step whose results are on the host
 
     def explore_index(self) -> Optional[int]:
         """The budget this step measures, if it is an exploring step: each budget in turn for the
@@ -125,12 +137,14 @@ class GraftStepper:
         return None
 
     # -- 1. before the draft ---------------------------------------------------------------------
-    def begin(self, rids: list, root: torch.Tensor) -> StepPlan:
+    def begin(self, rids: list, root: torch.Tensor, pending=None) -> StepPlan:
+        """``pending``: sync-free, each request's path committed since its store's context ends
+        (``([bs, W], [bs])``, see ``GraftRetrieval.propose_scored``)."""
         bs = len(rids)
         scopes = self.retrieval.scope_index(rids)
         with self.timer.phase("retrieval"):
             proposals, bins = self.retrieval.propose_scored(rids, root, scopes, self.calibration,
-                                                            union=self.cost_aware)
+                                                            union=self.cost_aware, pending=pending)
             values = self.calibration.probability(bins)
             values = torch.where(proposals.valid, path_values(values, proposals.parents), 0.0)
             if self.cost_aware:
@@ -143,7 +157,22 @@ class GraftStepper:
                         scopes=scopes, exit_depth=torch.full((bs,), self.num_steps - 1, dtype=torch.int64,
                                                              device=root.device),
                         failed=torch.zeros(bs, dtype=torch.bool, device=root.device), explore=explore)
+        if self.sync_free:
+            self.last_plan.planned_passes = self._planned_passes(explore)
         return self.last_plan
+
+    def observe(self, entries: Sequence[LaggedEntry]) -> None:
+        """Sync-free: steps whose results reached the host (oldest first)."""
+        for entry in entries:
+            if entry.stats is not None:
+                self.lagged = entry
+
+    def _planned_passes(self, explore: bool) -> int:
+        """Sync-free draft passes of this step: one level deeper than the newest known step's trees
+        used (all while nothing is known yet, on exploring steps and with the fixed budget)."""
+        if not self.cost_aware or explore or self.lagged is None:
+            return self.num_steps - 1
+        return min(self.num_steps - 1, int(self.lagged.stats[:, LEVELS_USED].max()))
 
     # -- 2. during the draft ---------------------------------------------------------------------
     def keep_drafting(self, plan: StepPlan, pool: DraftPool) -> bool:
@@ -163,7 +192,11 @@ class GraftStepper:
             c = confidence_at_checkpoints(pool, (self.checkpoints[plan.checked],))[:, 0]
             plan.failed |= c < self.cfg.thresholds[plan.checked]
             plan.checked += 1
-        if not plan.explore and not self._deeper_pays(plan, pool, ~plan.retrieval_confident):
+        if plan.planned_passes is not None:
+            stop = plan.passes >= plan.planned_passes
+        else:
+            stop = not plan.explore and not self._deeper_pays(plan, pool, ~plan.retrieval_confident)
+        if stop:
             plan.exit_depth.fill_(depth)
             return False
         plan.passes += 1
@@ -208,12 +241,14 @@ class GraftStepper:
                                     self.prune[self.max_nodes], self.cfg.placement)
         draft_values = self._draft_values(plan, pool)
         union = torch.cat([draft_values, plan.proposals.scores.clamp(min=0)], dim=1)
-        expected = expected_tokens(union, self.budgets).sum(0).tolist()
+        plan.expected_rows = expected_tokens(union, self.budgets)
         secs = [self.cost.step(bs=bs, num_nodes=n, passes=plan.passes) for n in self.budgets]
         if plan.explore:
             k = self.explore_index()
+        elif self.sync_free:
+            k = self._lagged_budget(bs, secs)
         else:
-            k = choose_budget(expected, secs)
+            k = choose_budget(plan.expected_rows.sum(0).tolist(), secs)
         n = plan.num_nodes = self.budgets[k]
         # draft nodes among the n - 1 most valuable of the union, per request
         m = pool.size
@@ -222,6 +257,22 @@ class GraftStepper:
         num_keep = (order < m).sum(dim=1)
         return build_graft_tree(pool, plan.root, plan.proposals, seq_lens, n, self.prune[n], self.cfg.placement,
                                 num_keep=num_keep, depth_limit=plan.exit_depth)
+
+    def _lagged_budget(self, bs: int, secs: Sequence[float]) -> int:
+        """Sync-free budget index: the newest known step's mean expected tokens per request of
+        each budget, times this batch's size, per predicted second (the largest budget while
+        nothing is known yet)."""
+        if self.lagged is None:
+            return len(self.budgets) - 1
+        per_request = self.lagged.stats[:, NUM_FIXED_STATS:].mean(axis=0)
+        return choose_budget([float(e) * bs for e in per_request], secs)
+
+    @staticmethod
+    def levels_used(pool: DraftPool, step: GraftStep) -> torch.Tensor:
+        """``[bs]`` draft levels the tree uses: deepest draft depth among its nodes + 1 (0: none)."""
+        index = step.tree.draft_index
+        depth = pool.depths.gather(1, index.clamp(min=0)) + 1
+        return torch.where(index >= 0, depth, 0).amax(dim=1)
 
     # -- 4. after verify -------------------------------------------------------------------------
     def node_bins(self, plan: StepPlan, pool: DraftPool, step: GraftStep) -> torch.Tensor:

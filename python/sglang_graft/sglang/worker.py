@@ -17,24 +17,31 @@ step, per batch (the decisions live in :mod:`sglang_graft.sglang.step`):
 
 then SGLang's draft extend. At prefill, :meth:`GraftWorkerV2._forward_prefill_batch` admits the
 requests to retrieval. Every SGLang internal used here comes from :mod:`sglang_graft.sglang.seams`.
+
+Sync-free (``--speculative-graft-sync-free``, on by default on CUDA): step 5 enqueues copies instead
+of reading, and every worker call starts by taking in what calls two back committed
+(:mod:`sglang_graft.sglang.lagged`); GRAFT then reads no device value on the host.
+``SGLANG_GRAFT_COUNT_HOST_READS=1`` counts the host reads inside every worker call, GRAFT's and
+SGLang's apart (``host_reads`` in ``/server_info``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Optional
 
 import torch
 
 from sglang_graft.config import GraftConfig
-from sglang_graft.sglang import sampling, seams
+from sglang_graft.sglang import lagged, sampling, seams
 from sglang_graft.sglang.metrics import maybe_prometheus
 from sglang_graft.sglang.draft_worker import GraftDraftWorker, GraftVerifyInput
 from sglang_graft.sglang.retrieval_state import GraftRetrieval
 from sglang_graft.sglang.step import GraftStepper, StepPlan
 from sglang_graft.tp_check import TreeHashCheck
-from sglang_graft.tree import warm_up_graft_kernels
+from sglang_graft.tree import HostReadCounter, warm_up_graft_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +65,11 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self.retrieval = GraftRetrieval(self.graft_cfg, vocab, self.speculative_num_draft_tokens, num_stages,
                                         self.device, max_requests=(server_args.max_running_requests or 48) + 1)
         self.budgets = self.graft_cfg.resolved_budgets(self.speculative_num_draft_tokens)
+        self.sync_free = self.graft_cfg.resolved_sync_free(self.device)
         self.stepper = GraftStepper(self.graft_cfg, self.retrieval, self.speculative_num_steps, self.topk,
-                                    self.budgets, self.device, all_reduce_sum=_tp_all_reduce())
+                                    self.budgets, self.device, all_reduce_sum=_tp_all_reduce(),
+                                    sync_free=self.sync_free)
+        self.host_reads = HostReadCounter() if os.environ.get("SGLANG_GRAFT_COUNT_HOST_READS") == "1" else None
         self._budget_states: dict = {}
         self.tp_check = TreeHashCheck(self.graft_cfg.tp_check, _tp_all_reduce(torch.distributed.ReduceOp.MAX)
                                       if self.graft_cfg.tp_check else None)
@@ -70,8 +80,9 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self.prometheus = maybe_prometheus(server_args)
         self._plan_bs = 0
         _WORKERS.append(self)
-        logger.info("GRAFT worker: N=%d steps=%d topk=%d budgets=%s %s", self.speculative_num_draft_tokens,
-                    self.speculative_num_steps, self.topk, self.budgets, self.graft_cfg)
+        logger.info("GRAFT worker: N=%d steps=%d topk=%d budgets=%s sync-free=%s %s",
+                    self.speculative_num_draft_tokens, self.speculative_num_steps, self.topk, self.budgets,
+                    self.sync_free, self.graft_cfg)
 
     # -- verify budgets: one SGLang runtime state (attention backends, verify graph) each --------
     def init_cuda_graphs(self):
@@ -142,21 +153,43 @@ class GraftWorkerV2(EAGLEWorkerV2):
 
     # -- the step ----------------------------------------------------------------------------
     def forward_batch_generation(self, batch, *args, **kwargs):
-        decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
-        if not decode:
-            return super().forward_batch_generation(batch, *args, **kwargs)
-        self.stepper.timer.begin()
-        self._plan_bs = 0
-        try:
-            return super().forward_batch_generation(batch, *args, **kwargs)
-        finally:
-            self.stepper.end_step(self._last_plan if self._plan_bs else None, self._plan_bs)
+        with self.host_reads if self.host_reads is not None else contextlib.nullcontext():
+            if self.sync_free:
+                if self.retrieval.ring is None:  # SGLang's request pool exists from the first call on
+                    self.retrieval.use_ring(self._target_worker.model_runner.req_to_token_pool.req_to_token.shape[0])
+                self._take_in(self.retrieval.drain())
+            decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
+            if not decode:
+                return super().forward_batch_generation(batch, *args, **kwargs)
+            self.stepper.timer.begin()
+            self._plan_bs = 0
+            try:
+                return super().forward_batch_generation(batch, *args, **kwargs)
+            finally:
+                self.stepper.end_step(self._last_plan if self._plan_bs else None, self._plan_bs)
+
+    def _take_in(self, entries) -> None:
+        """Sync-free: steps whose results are now on the host feed the decisions and metrics."""
+        self.stepper.observe(entries)
+        if self.prometheus is not None:
+            for entry in entries:
+                if entry.stats is not None:
+                    stats = entry.stats
+                    self.prometheus.record(int(stats[:, lagged.DRAFTED].sum()), int(stats[:, lagged.RETRIEVED].sum()),
+                                           stats[:, lagged.STAGE].astype(int).tolist())
 
     def _forward_prefill_batch(self, batch, *args, **kwargs):
-        if not batch.forward_mode.is_idle():
+        idle = batch.forward_mode.is_idle()
+        if not idle:
             for req in batch.reqs:
                 self.retrieval.admit(req.rid, seams.request_tokens(req), seams.request_tenant(req))
-        return super()._forward_prefill_batch(batch, *args, **kwargs)
+        result = super()._forward_prefill_batch(batch, *args, **kwargs)
+        if self.sync_free and not idle:
+            # the sampled token is each request's first pending path (the root of its first step)
+            tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
+            self.retrieval.ring.record([r.rid for r in batch.reqs], batch.req_pool_indices, tokens,
+                                       torch.ones_like(tokens[:, 0]))
+        return result
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         verify_input = batch.spec_info
@@ -210,17 +243,27 @@ class GraftWorkerV2(EAGLEWorkerV2):
         accepted_nodes = torch.zeros((bs, n), dtype=torch.bool, device=acc.device).scatter_(1, local, valid)
         retrieved = (info.retrieval_only & accepted_nodes).sum(1)
         drafted = valid.sum(1) - retrieved
-        # committed tokens: the compacted front of each N-block (what the scheduler reads); one
-        # device-to-host copy for the batch
-        host = torch.cat([result.next_token_ids.view(bs, n).to(torch.int64), accept_lens[:, None],
-                          info.stage[:, None], retrieved[:, None], drafted[:, None]], dim=1).tolist()
-        self.retrieval.commit(rids, [row[: row[n]] for row in host])
         self.retrieval.learn(vi.draft_token.view(bs, n), info.verified_nodes,
                              result.logits_output.next_token_logits, info.scopes)
         linked = info.verified_nodes.clone()
         linked[:, 0] = False
         self.stepper.feedback(info.node_bins, linked, accepted_nodes)
         self._plan_bs = bs
+        self.retrieval.counters.sampling_verify_steps += verify_mode == "sampling"
+        # committed tokens: the compacted front of each N-block (what the scheduler reads)
+        tokens = result.next_token_ids.view(bs, n)
+        if self.sync_free:  # reach the host two calls later (see lagged.py)
+            expected = info.expected if info.expected is not None else accept_lens.new_zeros((bs, len(self.budgets)))
+            stats = torch.cat([x.to(torch.float64).view(bs, -1) for x in (
+                accept_lens, info.stage, retrieved, drafted, info.levels_used, expected)], dim=1)
+            plan = self._last_plan
+            self.retrieval.ring.record(rids, batch.req_pool_indices, tokens, accept_lens, stats,
+                                       passes=plan.passes if plan is not None else 0, num_nodes=n)
+            return
+        # one device-to-host copy for the batch
+        host = torch.cat([tokens.to(torch.int64), accept_lens[:, None],
+                          info.stage[:, None], retrieved[:, None], drafted[:, None]], dim=1).tolist()
+        self.retrieval.commit(rids, [row[: row[n]] for row in host])
         stage = [row[n + 1] for row in host]
         retrieved_list = [row[n + 2] for row in host]
         drafted_list = [row[n + 3] for row in host]
@@ -229,7 +272,6 @@ class GraftWorkerV2(EAGLEWorkerV2):
         c.accepted_retrieved_tokens += sum(retrieved_list)
         c.accepted_draft_tokens += sum(drafted_list)
         c.bonus_tokens += bs
-        c.sampling_verify_steps += verify_mode == "sampling"
         for s in stage:
             c.stage_histogram[s] += 1
         if self.prometheus is not None:
@@ -271,8 +313,25 @@ def server_counters() -> Optional[dict]:
         return None
     worker = _WORKERS[-1]
     retrieval = worker.retrieval
-    return {**retrieval.counters.as_dict(), **retrieval.store_usage(), "economy": worker.stepper.as_dict(),
-            "tp_checks": worker.tp_check.checks}
+    out = {**retrieval.counters.as_dict(), **retrieval.store_usage(), "economy": worker.stepper.as_dict(),
+           "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free}
+    if worker.host_reads is not None:
+        out["host_reads"] = _host_reads(worker.host_reads)
+    return out
+
+
+# GRAFT's CPU stand-ins for SGLang's CUDA kernels (KV copies, attention): SGLang's work, not GRAFT's.
+_CPU_KERNELS = "sglang_graft.sglang.cpu"
+
+
+def _host_reads(reads: HostReadCounter) -> dict:
+    """``SGLANG_GRAFT_COUNT_HOST_READS=1``: host reads inside the worker's calls, GRAFT's (with
+    their sites), those of the CPU stand-ins for SGLang's kernels, and SGLang's own."""
+    cpu_kernels = reads.total(_CPU_KERNELS)
+    graft = reads.total("sglang_graft") - cpu_kernels
+    return {"graft": graft, "cpu_kernels": cpu_kernels, "sglang": sum(reads.counts.values()) - graft - cpu_kernels,
+            "graft_sites": sorted(f"{m}:{line} {name} x{k}" for (m, line, name), k in reads.sites.items()
+                                  if m.startswith("sglang_graft") and not m.startswith(_CPU_KERNELS))}
 
 
 def release_request(rid) -> None:

@@ -1,0 +1,146 @@
+"""Sync-free feedback of GRAFT's decode step: what a step commits reaches the host two worker calls
+later, without a host read; the newest committed path of every request stays on the device.
+
+SGLang-free. Why two calls: SGLang's overlap scheduler launches call ``c`` and only then processes
+call ``c - 1``'s results (waiting on that call's device-to-host copy), so when call ``c`` begins,
+every copy enqueued by a call ``<= c - 2`` has completed -- GRAFT's copies are enqueued on the same
+stream before SGLang's own copy of the same call. Reading them is then a plain memory read.
+
+Per request, the host (its retrieval store) holds every committed token except those of the
+request's *newest* call, its *pending path*, which a device table indexed by SGLang's
+``req_pool_idx`` keeps: the next step proposes from the store and re-roots the proposals on the
+device along the pending path (``tree.reroot_proposals``). A prefill's pending path is the token
+it sampled.
+
+Worked example (one request, calls 1..4 = prefill then three decode steps)::
+
+    call 1 prefill: store = prompt;            pending = [t0]              (t0 sampled)
+    call 2 decode:  propose after prompt, re-root along [t0]; commits [a, b, t1]
+                    -> pending = [a, b, t1]; [t0] is superseded, committed to the store at call 3
+    call 3 decode:  store = prompt + t0; re-root along [a, b, t1]; commits [t2]
+    call 4 decode:  store = prompt + t0 + a b t1; re-root along [t2]; ...
+
+Every rank of a tensor-parallel group makes the same calls, so the lag is the same everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Optional, Sequence
+
+import numpy as np
+import torch
+
+# Columns of a decode entry's statistics row (float64), then one expected-token column per budget.
+ACCEPT_LEN, STAGE, RETRIEVED, DRAFTED, LEVELS_USED = range(5)
+NUM_FIXED_STATS = 5
+
+
+@dataclass
+class LaggedEntry:
+    """What one worker call committed, as host arrays filled by a non-blocking copy.
+
+    Read only once ``call <= now - 2`` (see the module docstring)."""
+
+    call: int
+    rids: list
+    tokens: np.ndarray  # [bs, W] int64: committed tokens at the front of each row
+    lengths: np.ndarray  # [bs] int64: committed tokens per row
+    stats: Optional[np.ndarray]  # [bs, NUM_FIXED_STATS + budgets] float64 (decode calls), None (prefill)
+    passes: int = 0  # draft passes the step ran
+    num_nodes: int = 0  # its verify budget
+
+
+@dataclass
+class Drained:
+    """What became readable at the start of a call."""
+
+    entries: list = field(default_factory=list)  # readable LaggedEntry objects, oldest first
+    commits: list = field(default_factory=list)  # (rid, tokens) to append to stores, in order
+
+
+class CommitRing:
+    """Device pending paths + host copies of every call's committed tokens.
+
+    Args:
+        num_slots: rows of the pending-path table (SGLang's request pool size).
+        width: longest committed path of one step (the largest verify budget).
+        device: the model's device.
+    """
+
+    def __init__(self, num_slots: int, width: int, device) -> None:
+        self.width = width
+        self.device = torch.device(device)
+        self.path = torch.zeros((num_slots, width), dtype=torch.int64, device=device)
+        self.path_len = torch.ones(num_slots, dtype=torch.int64, device=device)
+        self.call = 0
+        self._unread: list[LaggedEntry] = []
+        self._newest: dict[Hashable, tuple[LaggedEntry, int]] = {}
+        self._superseded: list[tuple[Hashable, LaggedEntry, int]] = []
+
+    def begin_call(self) -> Drained:
+        """Start a worker call: the entries and superseded paths that are now readable."""
+        self.call += 1
+        out = Drained()
+        readable = self.call - 2
+        out.entries = [e for e in self._unread if e.call <= readable]
+        self._unread = [e for e in self._unread if e.call > readable]
+        for rid, entry, row in self._superseded:
+            assert entry.call <= readable, "a superseded path is always two calls old"
+            out.commits.append((rid, entry.tokens[row, : entry.lengths[row]].tolist()))
+        self._superseded = []
+        return out
+
+    def pending(self, pool_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[bs, W]`` pending paths and ``[bs]`` their lengths of the batch's requests."""
+        return self.path[pool_idx], self.path_len[pool_idx]
+
+    def record(self, rids: Sequence[Hashable], pool_idx: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor,
+               stats: Optional[torch.Tensor] = None, passes: int = 0, num_nodes: int = 0) -> LaggedEntry:
+        """The call's committed ``tokens [bs, w]`` (``w <= W``, front ``lengths [bs]`` of each row)
+        become the requests' pending paths; their host copies are enqueued (no wait)."""
+        bs, w = tokens.shape
+        tokens = tokens.to(torch.int64)
+        lengths = lengths.to(torch.int64)
+        if w < self.width:
+            tokens = torch.nn.functional.pad(tokens, (0, self.width - w))
+        self.path[pool_idx] = tokens
+        self.path_len[pool_idx] = lengths
+        entry = LaggedEntry(self.call, list(rids), *_to_host(tokens, lengths), None, passes, num_nodes)
+        if stats is not None:
+            entry.stats = _to_host(stats.to(torch.float64))[0]
+        for row, rid in enumerate(rids):
+            previous = self._newest.get(rid)
+            if previous is not None:
+                self._superseded.append((rid, *previous))
+            self._newest[rid] = (entry, row)
+        self._unread.append(entry)
+        return entry
+
+    def forget(self, rid: Hashable) -> None:
+        """Drop ``rid``'s unread paths (released, or re-prefilled: its store is rebuilt)."""
+        self._newest.pop(rid, None)
+        self._superseded = [s for s in self._superseded if s[0] != rid]
+
+
+_NUMPY_DTYPES = {torch.int64: np.int64, torch.float64: np.float64}
+
+
+def _to_host(*tensors: torch.Tensor) -> list[np.ndarray]:
+    """Non-blocking copies into (pinned, on CUDA) host memory, as numpy views; valid once the
+    stream has passed this point."""
+    out = []
+    for t in tensors:
+        if t.device.type == "cuda":
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            array = host.numpy()
+        else:
+            array = np.empty(tuple(t.shape), dtype=_NUMPY_DTYPES[t.dtype])
+            host = torch.from_numpy(array)
+        host.copy_(t, non_blocking=True)
+        out.append(array)
+    return out
+
+
+__all__ = ["CommitRing", "LaggedEntry", "Drained", "ACCEPT_LEN", "STAGE", "RETRIEVED", "DRAFTED", "LEVELS_USED",
+           "NUM_FIXED_STATS"]

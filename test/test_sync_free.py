@@ -1,0 +1,216 @@
+"""Sync-free steps (``--speculative-graft-sync-free on``): committed tokens reach the stores two
+worker calls late through the commit ring, proposals are re-rooted along the newest path on the
+device, and the step's decisions read no tensor value on the host."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_graft.config import GraftConfig, validate
+from sglang_graft.sglang.lagged import NUM_FIXED_STATS, CommitRing
+from sglang_graft.sglang.retrieval_state import GraftRetrieval
+from sglang_graft.sglang.step import GraftStepper
+from sglang_graft.tree import HostReadCounter
+from test_tree_support import random_pool
+
+WIDTH = 6
+
+
+@st.composite
+def schedules(draw):
+    """Worker calls: each either admits (prefills) some new requests, or decodes a subset of the
+    live ones committing 1..WIDTH tokens each, or finishes some; tokens drawn at random."""
+    calls = []
+    live: list[int] = []
+    next_rid = 0
+    for _ in range(draw(st.integers(1, 30))):
+        kind = draw(st.sampled_from(["prefill", "decode", "decode", "decode", "finish", "idle"]))
+        if kind == "prefill" or not live:
+            n = draw(st.integers(1, 3))
+            rids = list(range(next_rid, next_rid + n))
+            next_rid += n
+            live += rids
+            calls.append(("prefill", [(rid, [draw(st.integers(0, 50))]) for rid in rids]))
+        elif kind == "decode":
+            rids = draw(st.lists(st.sampled_from(live), min_size=1, unique=True))
+            calls.append(("decode", [(rid, draw(st.lists(st.integers(0, 50), min_size=1, max_size=WIDTH)))
+                                     for rid in rids]))
+        elif kind == "finish":
+            gone = draw(st.lists(st.sampled_from(live), min_size=1, unique=True))
+            live = [r for r in live if r not in gone]
+            calls.append(("finish", gone))
+        else:
+            calls.append(("idle", []))
+    return calls
+
+
+@settings(max_examples=150, deadline=None)
+@given(schedules())
+def test_ring_host_context_plus_pending_path_is_everything_committed(calls):
+    """At the start of every call (after the drain): each live request's host tokens + its device
+    pending path are exactly what it committed, in order; nothing is read before it is two calls old."""
+    ring = CommitRing(num_slots=64, width=WIDTH, device="cpu")
+    host: dict[int, list[int]] = {}
+    committed: dict[int, list[int]] = {}
+    slot: dict[int, int] = {}
+    for kind, payload in calls:
+        drained = ring.begin_call()
+        for entry in drained.entries:
+            assert entry.call <= ring.call - 2
+        for rid, toks in drained.commits:
+            host[rid].extend(toks)
+        for rid in committed:  # what a step sees once the call's drain is done
+            path, path_len = ring.pending(torch.tensor([slot[rid]]))
+            assert host[rid] + path[0, : path_len[0]].tolist() == committed[rid]
+        if kind == "finish":
+            for rid in payload:
+                ring.forget(rid)
+                host.pop(rid), committed.pop(rid)
+            continue
+        if kind == "idle":
+            continue
+        rids = [rid for rid, _ in payload]
+        for rid, toks in payload:
+            if kind == "prefill":
+                slot[rid], host[rid], committed[rid] = len(slot), [], []
+            committed[rid] += toks
+        w = max(len(t) for _, t in payload)
+        tokens = torch.tensor([t + [0] * (w - len(t)) for _, t in payload])
+        lengths = torch.tensor([len(t) for _, t in payload])
+        pool_idx = torch.tensor([slot[r] for r in rids])
+        ring.record(rids, pool_idx, tokens, lengths)
+        path, path_len = ring.pending(pool_idx)
+        for row, (rid, toks) in enumerate(payload):
+            assert path[row, : path_len[row]].tolist() == toks
+
+
+def test_ring_forget_drops_unread_paths_of_a_re_prefilled_request():
+    ring = CommitRing(num_slots=4, width=4, device="cpu")
+    ring.begin_call()
+    ring.record(["a"], torch.tensor([1]), torch.tensor([[7]]), torch.tensor([1]))  # chunk 1's sample
+    ring.begin_call()
+    ring.forget("a")  # chunk 2 re-indexes the prompt; chunk 1's sampled token is not a commit
+    ring.record(["a"], torch.tensor([1]), torch.tensor([[9]]), torch.tensor([1]))
+    assert ring.begin_call().commits == [] and ring.begin_call().commits == []
+    ring.record(["a"], torch.tensor([1]), torch.tensor([[3, 4]]), torch.tensor([2]))
+    assert ring.begin_call().commits == [("a", [9])]
+
+
+def _retrieval(**cfg) -> GraftRetrieval:
+    return GraftRetrieval(GraftConfig(**cfg), 64, num_nodes=8, num_stages=3, device="cpu")
+
+
+def test_proposals_are_re_rooted_along_the_pending_path():
+    """The store's context ends two tokens back; the pending path ``[4, 5]`` follows its
+    continuation (the longest match ``5 1 2 3`` was followed by ``4 5 1 2 3``), so the re-rooted
+    proposal is the rest of it: ``1 2 3``, a chain under the new root 5."""
+    r = _retrieval(source="sam")
+    ring = r.use_ring(4)
+    r.admit("a", [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3])
+    ring.record(["a"], torch.tensor([2]), torch.tensor([[4, 5]]), torch.tensor([2]))
+    props, _ = r.propose_scored(["a"], torch.tensor([5]), pending=ring.pending(torch.tensor([2])))
+    assert props.valid[0].sum() == 3
+    assert props.tokens[0, :3].tolist() == [1, 2, 3] and props.parents[0, :3].tolist() == [-1, 0, 1]
+    # a path the store never saw: nothing to re-root, no store proposal
+    ring.record(["a"], torch.tensor([2]), torch.tensor([[9, 9]]), torch.tensor([2]))
+    props, _ = r.propose_scored(["a"], torch.tensor([9]), pending=ring.pending(torch.tensor([2])))
+    assert not props.valid.any()
+
+
+def _stepper(**cfg) -> GraftStepper:
+    config = GraftConfig(budget="cost", sync_free="on", **{"source": "auto", **cfg})
+    retrieval = GraftRetrieval(config, 32, num_nodes=8, num_stages=3, device="cpu")
+    retrieval.use_ring(8)
+    s = GraftStepper(config, retrieval, num_steps=3, topk=2, budgets=(1, 2, 4, 8), device="cpu", sync_free=True)
+    for tokens, secs in {1: 0.05, 8: 0.06}.items():
+        s.cost.observe(tokens=tokens, bs=1, verify_s=secs, passes=1, draft_s=0.001, fixed_s=0.001)
+    s.cost.publish()
+    s.stats.steps = 7  # past the first (exploring) steps
+    return s
+
+
+def _lagged(s: GraftStepper, levels_used: list[int], expected: list[list[float]]) -> None:
+    """A decode step two calls old whose stats say ``levels_used`` / ``expected`` per request."""
+    ring = s.retrieval.ring
+    bs = len(levels_used)
+    stats = torch.zeros((bs, NUM_FIXED_STATS + len(s.budgets)), dtype=torch.float64)
+    stats[:, 0] = 1
+    stats[:, 4] = torch.tensor(levels_used, dtype=torch.float64)
+    stats[:, NUM_FIXED_STATS:] = torch.tensor(expected, dtype=torch.float64)
+    ring.begin_call()
+    ring.record([f"old{i}" for i in range(bs)], torch.arange(bs) + 4, torch.ones((bs, 1), dtype=torch.int64),
+                torch.ones(bs, dtype=torch.int64), stats, passes=2, num_nodes=8)
+    ring.begin_call()
+    s.observe(ring.begin_call().entries)
+
+
+def test_sync_free_decisions_come_from_the_lagged_step_and_read_nothing():
+    s = _stepper()
+    s.retrieval.admit("a", [1, 2, 3, 1, 2, 3, 1, 2])
+    s.retrieval.admit("b", [4, 5, 6])
+    ring = s.retrieval.ring
+    pool_idx = torch.tensor([0, 1])
+    ring.record(["a", "b"], pool_idx, torch.tensor([[3], [7]]), torch.ones(2, dtype=torch.int64))
+    # the newest known step used one draft level and expects ~4 tokens from budget 8: one draft
+    # pass (two levels), budget 8
+    _lagged(s, [1, 0], [[1.0, 1.9, 2.6, 4.0], [1.0, 1.8, 2.5, 4.0]])
+    pools = [random_pool(2, 2, depth, 30, seed=3) for depth in (1, 2, 3)]
+    with HostReadCounter() as reads:
+        s.timer.begin()
+        plan = s.begin(["a", "b"], torch.tensor([3, 7]), ring.pending(pool_idx))
+        assert plan.planned_passes == 1
+        assert s.keep_drafting(plan, pools[0]) and not s.keep_drafting(plan, pools[1])
+        step = s.build(plan, pools[1], torch.tensor([5, 9]))
+        bins = s.node_bins(plan, pools[1], step)
+        s.feedback(bins, step.tree.linked, step.tree.linked & (torch.rand(step.tree.linked.shape) < 0.5))
+        used = s.levels_used(pools[1], step)
+        s.end_step(plan, bs=2)
+    assert reads.total("sglang_graft") == 0, reads.sites
+    assert plan.num_nodes == 8 and plan.expected_rows.shape == (2, 4) and used.shape == (2,)
+    # nothing is expected beyond the root: no draft pass, budget 1 (a plain decode step)
+    _lagged(s, [0, 0], [[1.0, 1.0, 1.01, 1.01]] * 2)
+    plan = s.begin(["a", "b"], torch.tensor([3, 7]), ring.pending(pool_idx))
+    assert plan.planned_passes == 0 and not s.keep_drafting(plan, pools[0])
+    s.build(plan, pools[0], torch.tensor([5, 9]))
+    assert plan.num_nodes == 1
+
+
+def test_the_same_decisions_read_the_host_without_sync_free():
+    """The counter sees the fresh decisions' reads (one per considered pass, one for the budget)."""
+    s = _stepper()
+    s.sync_free = False
+    s.retrieval.admit("a", [1, 2, 3, 1, 2, 3, 1, 2])
+    pools = [random_pool(1, 2, depth, 30, seed=3) for depth in (1, 2)]
+    with HostReadCounter() as reads:
+        plan = s.begin(["a"], torch.tensor([3]), s.retrieval.ring.pending(torch.tensor([0])))
+        s.keep_drafting(plan, pools[0])
+        s.build(plan, pools[min(plan.passes, 1)], torch.tensor([5]))
+    assert reads.total("sglang_graft.sglang.step") == 2, reads.sites
+
+
+def test_sync_free_flag():
+    assert GraftConfig().resolved_sync_free("cuda") and not GraftConfig().resolved_sync_free("cpu")
+    assert GraftConfig(sync_free="on").resolved_sync_free("cpu")
+    assert not GraftConfig(sync_free="off").resolved_sync_free("cuda")
+    assert not GraftConfig(per_step_metrics=True).resolved_sync_free("cuda")  # auto yields to the request
+    for cfg, flag in [(GraftConfig(sync_free="maybe"), "--speculative-graft-sync-free"),
+                      (GraftConfig(sync_free="on", per_step_metrics=True), "--speculative-graft-per-step-metrics"),
+                      (GraftConfig(sync_free="on", placement="deepest_draft", source="recycle", budget="fixed"),
+                       "--speculative-graft-sync-free")]:
+        with pytest.raises(ValueError, match=flag):
+            validate(cfg, num_nodes=8, num_steps=3, topk=2)
+
+
+def test_host_read_counter_charges_the_calling_module():
+    t = torch.arange(4)
+    with HostReadCounter() as reads:
+        t.tolist()
+        bool(t[1])
+        t[t > 1]
+        np.asarray([1])  # not a tensor read
+        t + 1
+    assert reads.counts == {__name__: 3}
