@@ -7,7 +7,8 @@ prompt of every category at batch size 1, and reports per method x category:
   without speculation);
 * ``tok_per_s`` (client wall time, prefill included) and ``speedup`` over no speculation in the
   same run;
-* ``retrieval_share``: accepted draft-tree tokens proposed by retrieval only (GRAFT);
+* ``retrieval_share``: accepted draft-tree tokens proposed by retrieval only (GRAFT; None where the
+  responses carry no per-request counts, i.e. ``--speculative-graft-sync-free on``);
 * ``draft_passes``: draft model forward passes per step (GRAFT: measured); ``verify_tokens``: tokens per
   verify pass (GRAFT: the mean budget chosen); GRAFT methods add the step-time breakdown and the
   histogram of verify budgets (``economy`` in the JSON);
@@ -84,6 +85,7 @@ class Cell:
     seconds: float = 0.0
     retrieved: int = 0
     drafted: int = 0
+    counted: int = 0  # responses that carried GRAFT's per-request counts
     outputs: list = field(default_factory=list)
 
 
@@ -118,6 +120,7 @@ def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prom
             c.seconds += dt
             c.retrieved += m.get("graft_retrieved_accepted", 0)
             c.drafted += m.get("graft_draft_accepted", 0)
+            c.counted += "graft_draft_accepted" in m  # absent with --speculative-graft-sync-free on
             c.outputs.append(r["output_ids"])
         info = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0]
     graft = info.get("graft")
@@ -222,7 +225,8 @@ def main() -> None:
                 "method": name, "category": cat, "prompts": len(c.outputs),
                 "tau": c.tokens / c.verify_steps if name != "none" else 1.0,
                 "tok_per_s": tps, "speedup": tps / (b.tokens / b.seconds),
-                "retrieval_share": c.retrieved / drafted if drafted else 0.0,
+                "retrieval_share": (c.retrieved / drafted if drafted else 0.0) if c.counted or name not in economy
+                else None,
                 # draft model forward passes per step: the draft extend plus the draft loop's passes
                 # (measured for GRAFT, whose loop stops early; configured for the others)
                 "draft_passes": (1 + economy[name]["mean_draft_passes"]) if name in economy
@@ -315,7 +319,8 @@ def render_markdown(results: list[dict]) -> str:
     lines.append("|---|---|---|---|---|---|---|")
     for r in results:
         lines.append(f"| {r['method']} | {r['category']} | {r['tau']:.2f} | {r['tok_per_s']:.1f} | {r['speedup']:.2f}x"
-                     f" | {r['retrieval_share']:.2f} | {r['identical']} |")
+                     f" | {'n/a' if r['retrieval_share'] is None else format(r['retrieval_share'], '.2f')}"
+                     f" | {r['identical']} |")
     return "\n".join(lines) + "\n"
 
 
