@@ -6,7 +6,10 @@
 
 Writes ``DIR/gpu_check.json``: ``{"kernels": {NAME: {"cases", "mismatches", "first_mismatch"}},
 "sync_debug": ..., "graph_replay": ..., "timings": [...]}`` (the last three on CUDA only) and
-exits 1 on any mismatch or failed check. Needs torch and triton, not SGLang.
+exits 1 on any mismatch or failed check. Needs torch and triton, not SGLang. On CUDA the checked
+step is the sync-free step's tree part: retrieved trees re-rooted along a committed path on the
+device (``tree.reroot_proposals``, also compared with its CPU run, ``kernels.reroot``), then
+prune -> graft -> flatten and the mask.
 
 Cases: trees with N in {2, 16, 61, 64} (interpreter: {2, 5, 16}), bs in {1, 7, 48} (interpreter:
 {1, 3}), of several shapes (random, chains, stars, forests, labels out of order, unlinked
@@ -44,6 +47,7 @@ from sglang_graft.tree import (  # noqa: E402
     build_graft_tree,
     encode_tree_mask,
     flatten_torch,
+    reroot_proposals,
     warm_up_graft_kernels,
     write_tree_mask,
 )
@@ -312,17 +316,58 @@ def check_recycle(cases, tally: Tally) -> None:
 
 
 # ------------------------------------------------------------------------- CUDA-only checks
+PATH_WIDTH = 8  # committed path of the newest step (the sync-free step re-roots along it)
+
+
+def reroot_inputs(bs: int, r: int, gen: torch.Generator, vocab: int = 6):
+    """Retrieved trees over a small alphabet and paths that often follow them (a root path of a
+    random node, cut at a random length), sometimes not."""
+    props = make_proposals(bs, r, vocab, gen)
+    node = torch.randint(0, max(r, 1), (bs,), generator=gen)
+    path = torch.randint(0, vocab, (bs, PATH_WIDTH), generator=gen)
+    length = torch.ones(bs, dtype=torch.int64)
+    for b in range(bs):
+        chain, v = [], int(node[b]) if r else -1
+        while v >= 0 and len(chain) < PATH_WIDTH:
+            chain.append(int(props.tokens[b, v]))
+            v = int(props.parents[b, v])
+        chain.reverse()
+        if chain and torch.rand(1, generator=gen).item() < 0.8:
+            cut = int(torch.randint(1, len(chain) + 1, (1,), generator=gen))
+            path[b, :cut] = torch.tensor(chain[:cut])
+            length[b] = cut
+        else:
+            length[b] = int(torch.randint(1, PATH_WIDTH + 1, (1,), generator=gen))
+    return props, path, length
+
+
+def check_reroot(count: int, tally: "Tally", gen: torch.Generator) -> None:
+    """The re-root op on CUDA against its CPU run (torch on both; the op must not depend on the device)."""
+    for i in range(count):
+        bs, r = [(1, 8), (7, 30), (48, 75), (3, 0)][i % 4]
+        props, path, length = reroot_inputs(bs, r, gen)
+        width = (0, 15, 60, r + 4)[(i // 4) % 4]
+        want, want_m = reroot_proposals(props, path, length, width)
+        got, got_m = reroot_proposals(to_device(props, "cuda"), path.cuda(), length.cuda(), width)
+        same = torch.equal(want_m, got_m.cpu()) and all(
+            torch.equal(getattr(want, f), getattr(got, f).cpu()) for f in ("tokens", "parents", "scores", "valid"))
+        tally.check(f"reroot bs={bs} R={r} width={width}", same, "differs from the CPU run")
+
+
 def step_inputs(bs: int, n: int, gen: torch.Generator):
     pool = to_device(make_pool(bs, 8, 6, 32000, gen), "cuda")
-    proposals = to_device(make_proposals(bs, n - 1, 32000, gen), "cuda")
+    proposals, path, length = (to_device(x, "cuda") if isinstance(x, RetrievalProposals) else x.cuda()
+                               for x in reroot_inputs(bs, n - 1 + PATH_WIDTH, gen, vocab=32000))
     roots = torch.randint(0, 32000, (bs,), generator=gen).cuda()
     seq_lens = torch.randint(100, 2000, (bs,), generator=gen).cuda()
     buf = torch.ones(int(seq_lens.sum()) * n + bs * n * n, dtype=torch.bool, device="cuda")
-    return pool, proposals, roots, seq_lens, buf
+    return pool, (proposals, path, length), roots, seq_lens, buf
 
 
-def tree_step(pool, proposals, roots, seq_lens, buf, n):
-    """The tree part of a GRAFT step: prune -> graft -> flatten and the FULL mask into a buffer."""
+def tree_step(pool, retrieved, roots, seq_lens, buf, n):
+    """The tree part of a sync-free GRAFT step: retrieved trees re-rooted along the newest committed
+    path, prune -> graft -> flatten, and the FULL mask into a buffer."""
+    proposals, _ = reroot_proposals(*retrieved, n - 1)
     step = build_graft_tree(pool, roots, proposals, seq_lens, n, PruneConfig())
     write_tree_mask(step.layout, seq_lens, TreeMaskMode.FULL_MASK, buf)
     return step
@@ -338,7 +383,8 @@ def cuda_checks(result: dict, gen: torch.Generator) -> bool:
         torch.cuda.set_sync_debug_mode("error")
         tree_step(*inputs, n)
         graph.replay()
-        result["sync_debug"] = {"mode": "error", "ok": True, "scope": "tree step (kernels + mask), eager and replay"}
+        result["sync_debug"] = {"mode": "error", "ok": True,
+                                "scope": "tree step (re-root + kernels + mask), eager and replay"}
     except Exception as e:  # a sync inside the step
         result["sync_debug"] = {"mode": "error", "ok": False, "error": repr(e)[:500]}
         ok = False
@@ -357,7 +403,8 @@ def cuda_checks(result: dict, gen: torch.Generator) -> bool:
     rows = []
     for n in (16, 61):
         for bs in (1, 16, 64):
-            pool, proposals, roots, seq_lens, buf = step_inputs(bs, n, gen)
+            pool, retrieved, roots, seq_lens, buf = step_inputs(bs, n, gen)
+            proposals, _ = reroot_proposals(*retrieved, n - 1)
             parents = build_graft_tree(pool, roots, proposals, seq_lens, n, PruneConfig()).tree
             row = {"bs": bs, "N": n}
             row["layout_kernel_us"] = 1e3 * timed(
@@ -370,7 +417,8 @@ def cuda_checks(result: dict, gen: torch.Generator) -> bool:
                 return encode_tree_mask(layout.ancestor_mask, TreeMaskMode.FULL_MASK, seq_lens, seq_sum)
 
             row["layout_torch_us"] = 1e3 * timed(torch_layout, "cuda", 10, 50)
-            step = lambda: tree_step(pool, proposals, roots, seq_lens, buf, n)  # noqa: E731
+            row["reroot_us"] = 1e3 * timed(lambda: reroot_proposals(*retrieved, n - 1), "cuda", 10, 50)
+            step = lambda: tree_step(pool, retrieved, roots, seq_lens, buf, n)  # noqa: E731
             row["tree_step_eager_us"] = 1e3 * timed(step, "cuda", 10, 50)
             os.environ[KERNELS_ENV] = "torch"
             row["tree_step_eager_torch_us"] = 1e3 * timed(step, "cuda", 10, 50)
@@ -409,6 +457,8 @@ def main() -> int:
             check_tree_kernels(tree_cases((2, 16, 61, 64), (1, 7, 48), 32, device, gen), tallies)
             check_recycle(recycle_cases(2000, 3000, device, gen), tallies["recycle_scatter"])
             check_graft_step(step_cases((2, 16, 61, 64), (1, 7, 48), 42, device, gen), tallies["graft_step"], device)
+            tallies["reroot"] = Tally()
+            check_reroot(2000, tallies["reroot"], gen)
             ok = cuda_checks(result, gen)
     except Exception:
         result["error"] = traceback.format_exc()[-3000:]
