@@ -9,6 +9,9 @@ per method and concurrency, and the ratio to no speculation.
     python benchmark/serving_bench.py                      # none, EAGLE3-tree, GRAFT at 1 / 8 / 16
     python benchmark/serving_bench.py --concurrency 1 4 --methods none,GRAFT --output-len 64
 
+GRAFT methods add their step economy after each level (step-time breakdown, draft passes, budgets
+chosen; cumulative since the server started) to the JSON and the Markdown.
+
 The same load by hand, against a server you started (the command this script runs)::
 
     python -m sglang.bench_serving --backend sglang --base-url http://127.0.0.1:30000 \\
@@ -30,8 +33,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import prompt_sets  # noqa: E402
+import requests  # noqa: E402
 from plotting import pyplot  # noqa: E402
 from local_server import SERVER_ENV, SGLangServer  # noqa: E402
+from spec_bench import render_economy  # noqa: E402
 
 DEFAULT_HEAD = HERE / "models" / "smollm2-135m-eagle3"
 METHODS = {
@@ -42,6 +47,8 @@ METHODS = {
                     "4", "--speculative-num-draft-tokens", "16"],
     "GRAFT": ["--speculative-algorithm", "GRAFT"],  # the defaults a user gets
     "GRAFT-fixed": ["--speculative-algorithm", "GRAFT", "--speculative-graft-budget", "fixed"],
+    # the CUDA default (no host read in the step), served on this CPU
+    "GRAFT-sync-free": ["--speculative-algorithm", "GRAFT", "--speculative-graft-sync-free", "on"],
 }
 
 
@@ -99,6 +106,7 @@ def main() -> None:
         args.prompts_per_level = [min(n, n_rows) for n in args.prompts_per_level]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     results = []
+    economy = {}  # GRAFT's step economy after each level (cumulative since the server started)
     t_start = time.time()
     for name in methods:
         extra = list(METHODS[name])
@@ -118,13 +126,16 @@ def main() -> None:
                                 "median_itl_ms": r.get("median_itl_ms"), "median_ttft_ms": r.get("median_ttft_ms"),
                                 "accept_length": r.get("accept_length")})
                 print(f"[serving_bench] {name} c={conc}: {r['output_throughput']:.1f} output tok/s", flush=True)
+                graft = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0].get("graft")
+                if graft:
+                    economy[f"{name} c={conc}"] = graft["economy"]
     base = {r["concurrency"]: r["output_throughput"] for r in results if r["method"] == "none"}
     for r in results:
         r["vs_none"] = r["output_throughput"] / base[r["concurrency"]] if r["concurrency"] in base else None
-    report = {"results": results, "dataset_rows": n_rows, "output_len": args.output_len,
+    report = {"results": results, "economy": economy, "dataset_rows": n_rows, "output_len": args.output_len,
               "wall_s": round(time.time() - t_start, 1)}
     (args.out / "serving_bench.json").write_text(json.dumps(report, indent=2))
-    md = render(results)
+    md = render(results) + render_economy(economy).replace(", whole run;", ", cumulative up to that level;")
     (args.out / "serving_bench.md").write_text(md)
     print(md)
     plot(results, args.out / "serving_bench.png")
