@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_graft.config import GraftConfig, validate
-from sglang_graft.sglang.lagged import NUM_FIXED_STATS, CommitRing
+from sglang_graft.sglang.lagged import LEVELS_USED, NUM_FIXED_STATS, CommitRing
 from sglang_graft.sglang.retrieval_state import GraftRetrieval
 from sglang_graft.sglang.step import GraftStepper
 from sglang_graft.tree import HostReadCounter
@@ -138,8 +138,7 @@ def _lagged(s: GraftStepper, levels_used: list[int], expected: list[list[float]]
     ring = s.retrieval.ring
     bs = len(levels_used)
     stats = torch.zeros((bs, NUM_FIXED_STATS + len(s.budgets)), dtype=torch.float64)
-    stats[:, 0] = 1
-    stats[:, 4] = torch.tensor(levels_used, dtype=torch.float64)
+    stats[:, LEVELS_USED] = torch.tensor(levels_used, dtype=torch.float64)
     stats[:, NUM_FIXED_STATS:] = torch.tensor(expected, dtype=torch.float64)
     ring.begin_call()
     ring.record([f"old{i}" for i in range(bs)], torch.arange(bs) + 4, torch.ones((bs, 1), dtype=torch.int64),

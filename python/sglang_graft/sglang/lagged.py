@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 # Columns of a decode entry's statistics row (float64), then one expected-token column per budget.
-ACCEPT_LEN, STAGE, RETRIEVED, DRAFTED, LEVELS_USED = range(5)
-NUM_FIXED_STATS = 5
+STAGE, RETRIEVED, DRAFTED, LEVELS_USED = range(4)
+NUM_FIXED_STATS = 4
 
 
 @dataclass
@@ -142,5 +142,5 @@ def _to_host(*tensors: torch.Tensor) -> list[np.ndarray]:
     return out
 
 
-__all__ = ["CommitRing", "LaggedEntry", "Drained", "ACCEPT_LEN", "STAGE", "RETRIEVED", "DRAFTED", "LEVELS_USED",
+__all__ = ["CommitRing", "LaggedEntry", "Drained", "STAGE", "RETRIEVED", "DRAFTED", "LEVELS_USED",
            "NUM_FIXED_STATS"]

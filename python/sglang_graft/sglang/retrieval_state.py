@@ -31,7 +31,7 @@ import torch
 
 from sglang_graft.config import GraftConfig
 from sglang_graft.retrieval import RecyclingMatrix, RetrievalStore, ScopeTable, stack_trees
-from sglang_graft.sglang.lagged import ACCEPT_LEN, DRAFTED, RETRIEVED, STAGE, CommitRing, LaggedEntry
+from sglang_graft.sglang.lagged import CommitRing, LaggedEntry
 from sglang_graft.tree import RetrievalProposals, from_host, reroot_proposals
 
 WARMUP_RID = "__graft_warmup__"
@@ -51,6 +51,15 @@ class GraftCounters:
     bonus_tokens: int = 0
     sampling_verify_steps: int = 0
     stage_histogram: list[int] = field(default_factory=list)
+
+    def add_steps(self, stages: Sequence[int], retrieved: Sequence[int], drafted: Sequence[int]) -> None:
+        """One verify step per request: its pruning stage and accepted retrieved / drafted nodes."""
+        self.verify_steps += len(stages)  # request-steps, like SGLang's spec_verify_ct
+        self.bonus_tokens += len(stages)
+        self.accepted_retrieved_tokens += int(sum(retrieved))
+        self.accepted_draft_tokens += int(sum(drafted))
+        for s in stages:
+            self.stage_histogram[int(s)] += 1
 
     def as_dict(self) -> dict:
         """JSON-ready view; ``retrieval_share`` is the share of accepted draft-tree tokens
@@ -110,21 +119,9 @@ class GraftRetrieval:
 
     def drain(self) -> list[LaggedEntry]:
         """Start of a worker call (sync-free): append the committed paths now known on the host to
-        their stores; count the steps now readable; return those entries (oldest first)."""
+        their stores; return the entries now readable (oldest first)."""
         drained = self.ring.begin_call()
         self.commit([rid for rid, _ in drained.commits], [toks for _, toks in drained.commits])
-        c = self.counters
-        for entry in drained.entries:
-            if entry.stats is None:
-                continue  # a prefill's sampled token
-            stats = entry.stats
-            c.verify_steps += len(entry.rids)
-            c.accepted_retrieved_tokens += int(stats[:, RETRIEVED].sum())
-            c.accepted_draft_tokens += int(stats[:, DRAFTED].sum())
-            c.bonus_tokens += len(entry.rids)
-            for s in stats[:, STAGE].astype(int):
-                c.stage_histogram[s] += 1
-            assert (stats[:, ACCEPT_LEN] == entry.lengths).all()
         return drained.entries
 
     def _warm_up(self) -> None:

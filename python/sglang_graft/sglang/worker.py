@@ -171,12 +171,17 @@ class GraftWorkerV2(EAGLEWorkerV2):
     def _take_in(self, entries) -> None:
         """Sync-free: steps whose results are now on the host feed the decisions and metrics."""
         self.stepper.observe(entries)
+        for entry in entries:
+            if entry.stats is not None:  # a decode step (a prefill's entry is its sampled token)
+                stats = entry.stats
+                self._count(stats[:, lagged.STAGE].astype(int).tolist(), stats[:, lagged.RETRIEVED].astype(int).tolist(),
+                            stats[:, lagged.DRAFTED].astype(int).tolist())
+
+    def _count(self, stages: list, retrieved: list, drafted: list) -> None:
+        """One verify step's per-request results -> server counters and Prometheus."""
+        self.retrieval.counters.add_steps(stages, retrieved, drafted)
         if self.prometheus is not None:
-            for entry in entries:
-                if entry.stats is not None:
-                    stats = entry.stats
-                    self.prometheus.record(int(stats[:, lagged.DRAFTED].sum()), int(stats[:, lagged.RETRIEVED].sum()),
-                                           stats[:, lagged.STAGE].astype(int).tolist())
+            self.prometheus.record(sum(drafted), sum(retrieved), stages)
 
     def _forward_prefill_batch(self, batch, *args, **kwargs):
         idle = batch.forward_mode.is_idle()
@@ -255,7 +260,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         if self.sync_free:  # reach the host two calls later (see lagged.py)
             expected = info.expected if info.expected is not None else accept_lens.new_zeros((bs, len(self.budgets)))
             stats = torch.cat([x.to(torch.float64).view(bs, -1) for x in (
-                accept_lens, info.stage, retrieved, drafted, info.levels_used, expected)], dim=1)
+                info.stage, retrieved, drafted, info.levels_used, expected)], dim=1)
             plan = self._last_plan
             self.retrieval.ring.record(rids, batch.req_pool_indices, tokens, accept_lens, stats,
                                        passes=plan.passes if plan is not None else 0, num_nodes=n)
@@ -267,15 +272,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         stage = [row[n + 1] for row in host]
         retrieved_list = [row[n + 2] for row in host]
         drafted_list = [row[n + 3] for row in host]
-        c = self.retrieval.counters
-        c.verify_steps += bs  # request-steps, like SGLang's spec_verify_ct
-        c.accepted_retrieved_tokens += sum(retrieved_list)
-        c.accepted_draft_tokens += sum(drafted_list)
-        c.bonus_tokens += bs
-        for s in stage:
-            c.stage_histogram[s] += 1
-        if self.prometheus is not None:
-            self.prometheus.record(sum(drafted_list), sum(retrieved_list), stage)
+        self._count(stage, retrieved_list, drafted_list)
         lo = result.logits_output
         info_out = dict(lo.customized_info or {})
         info_out.update({
