@@ -158,6 +158,8 @@ def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extr
     if mode == "retrieval-only":
         assert drafted == 0 and retrieved > 0
         assert graft["stage_histogram"][0] == graft["verify_steps"]  # every step pruned at the root
+        economy = graft["economy"]  # nothing to keep from a deeper draft: only exploring steps draft
+        assert economy["skipped_drafts"] > economy["steps"] * 0.75, economy
     if mode == "draft-only":
         assert retrieved == 0
     if mode == "recycle":  # the tree hash is read and compared at every step (one rank)

@@ -139,6 +139,22 @@ def test_deeper_drafting_only_while_it_pays():
         assert plan.passes == int(expected)
 
 
+@pytest.mark.parametrize("keep,kept,deeper", [((0.0, 1.0, 1.0), 0, False), ((2 / 7, 1.0, 1.0), 2, True),
+                                              ((1.0, 1.0, 1.0), 3, True)])
+def test_the_pruning_stage_caps_a_cost_aware_draft(keep, kept, deeper):
+    """Cost-aware steps keep the per-stage split as a cap: a failing first checkpoint with keep
+    fraction 0 prunes to the root and drafts no deeper, whatever the draft is worth."""
+    pool = chain_pool(torch.tensor([[5, 6, 7]]), torch.tensor([[0.95, 0.95, 0.95]]))
+    s = _stepper("cost", budgets=(1, 8), topk=1, thresholds=(1.0, 0.0, 0.0), keep_fractions=keep)
+    _teach_costs(s, {1: 1.0, 8: 1.0}, pass_s=0.001)  # verifying and drafting cost next to nothing
+    s.calibration.prior[: s.calibration.SCORE_BINS] = 0.9
+    plan = s.begin(["a"], torch.tensor([3]))
+    assert s.keep_drafting(plan, chain_pool(pool.tokens[:, :1], pool.scores[:, :1])) is deeper
+    assert plan.stage.tolist() == [0]  # 0.95 < 1.0 at depth 0
+    step = s.build(plan, pool, torch.tensor([5]))
+    assert step.pruned.num_kept.tolist() == [kept] and int(step.tree.from_draft.sum()) == kept
+
+
 def test_exploration_cycles_through_the_budgets():
     s = _stepper("cost", budgets=(1, 2, 4))
     assert [s.explore_index() for s.stats.steps in range(5)] == [0, 1, 2, None, None]

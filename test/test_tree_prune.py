@@ -168,6 +168,8 @@ def test_keep_override_and_depth_limit(seed, k, limits):
     keep = pruned.keep
     _assert_ancestor_closed(pool, keep)
     for b in range(3):
+        cap = 2 if float(pool.scores[b][pool.depths[b] == 0].max()) < 0.5 else 15  # the stage caps num_keep
+        assert int(pruned.stage[b]) == (0 if cap == 2 else 1)
         allowed = [m for m in range(pool.size) if int(pool.depths[b, m]) <= limits[b]]
         order = sorted(allowed, key=lambda m: (-float(pool.scores[b, m]), m))
-        assert set(order[: min(k, 15)]) == set(torch.nonzero(keep[b]).flatten().tolist())
+        assert set(order[: min(k, cap)]) == set(torch.nonzero(keep[b]).flatten().tolist())

@@ -4,7 +4,7 @@ Bit-exact with ``sglang_graft.tree.build_graft_tree(..., placement="root")`` and
 steps one by one (see ``tree/prune.py``, ``tree/graft.py``, ``tree/flatten.py`` for the rules):
 
 1. **prune**: the confidence at each checkpoint, the stage, the number of draft nodes to keep
-   (the stage's table entry, or the caller's ``num_keep``), the path minimum of the scores and
+   (the stage's table entry, capping the caller's ``num_keep``), the path minimum of the scores and
    each candidate's rank (descending, ties by pool index) -> ``keep``;
 2. **graft**: kept draft nodes to slots ``1..``, then the retrieved nodes: validity and priority
    along their paths, duplicate siblings dropped with their subtrees, a retrieved node whose
@@ -103,10 +103,9 @@ def _prune(
         conf = tl.where(has_nan, float("nan"), conf)
         tl.store(conf_ptr + b * C + k, conf)
         stage = tl.where((stage == C) & (conf < tl.load(thr_ptr + k)), k, stage)
+    nk = tl.load(keep_table_ptr + stage).to(tl.int64)
     if HAS_NUM_KEEP:
-        nk = tl.load(num_keep_ptr + b).to(tl.int64)
-    else:
-        nk = tl.load(keep_table_ptr + stage).to(tl.int64)
+        nk = tl.minimum(tl.load(num_keep_ptr + b).to(tl.int64), nk)
     nk = tl.minimum(nk, N - 1)
     if HAS_DEPTH_LIMIT:
         allowed = p_dep <= tl.load(depth_limit_ptr + b).to(tl.int64)

@@ -49,6 +49,7 @@ from sglang_graft.tree import (
     RetrievalProposals,
     build_graft_tree,
     confidence_at_checkpoints,
+    stage_keep_cap,
 )
 
 
@@ -63,7 +64,7 @@ class StepPlan:
     retrieval_confident: torch.Tensor  # [bs] bool: retrieval alone expects enough tokens
     scopes: Optional[torch.Tensor]
     exit_depth: torch.Tensor  # [bs] int64: deepest draft depth the request uses
-    failed: torch.Tensor  # [bs] bool: a checkpoint failed
+    stage: torch.Tensor  # [bs] int64: first checkpoint drafted so far that failed (C: none)
     checked: int = 0  # checkpoints evaluated so far
     passes: int = 0  # draft forward passes run
     num_nodes: int = 0  # chosen verify budget
@@ -122,6 +123,9 @@ class GraftStepper:
         self.last_plan: Optional[StepPlan] = None
         self.prune = {n: cfg.prune_config(n, num_steps) for n in self.budgets}
         self.sync_free = sync_free
+        # [C + 1] bool per pruning stage: whether it keeps any draft node (a keep fraction above 0)
+        table = self.prune[self.max_nodes].keep_table(self.max_nodes)
+        self._may_keep_draft = torch.tensor([k > 0 for k in table], dtype=torch.bool, device=device)
         self.lagged: Optional[LaggedEntry] = None  # newest decode step whose results are on the host
 
     def explore_index(self) -> Optional[int]:
@@ -156,7 +160,8 @@ class GraftStepper:
         self.last_plan = StepPlan(rids=rids, root=root, proposals=proposals, proposal_bins=bins, retrieval_confident=confident,
                         scopes=scopes, exit_depth=torch.full((bs,), self.num_steps - 1, dtype=torch.int64,
                                                              device=root.device),
-                        failed=torch.zeros(bs, dtype=torch.bool, device=root.device), explore=explore)
+                        stage=torch.full((bs,), len(self.checkpoints), dtype=torch.int64, device=root.device),
+                        explore=explore)
         if self.sync_free:
             self.last_plan.planned_passes = self._planned_passes(explore)
         return self.last_plan
@@ -180,9 +185,10 @@ class GraftStepper:
 
         ``pool`` holds the candidates drafted so far (depths ``0 .. pool.num_steps - 1``). Fixed
         budget: always (every pass runs). Cost-aware: the confidence checkpoints drafted so far
-        are recorded (the pruning stage), and the pass runs only if some request is not already
-        served by a confident retrieval and one more level, valued optimistically, raises the
-        best expected tokens per second.
+        are recorded (the pruning stage), and the pass runs only if some request still may keep
+        draft nodes (its stage's keep fraction is not 0), is not already served by a confident
+        retrieval, and one more level, valued optimistically, raises the best expected tokens
+        per second.
         """
         if not self.cost_aware:
             plan.passes += 1
@@ -190,12 +196,14 @@ class GraftStepper:
         depth = pool.num_steps - 1
         while plan.checked < len(self.checkpoints) and self.checkpoints[plan.checked] <= depth:
             c = confidence_at_checkpoints(pool, (self.checkpoints[plan.checked],))[:, 0]
-            plan.failed |= c < self.cfg.thresholds[plan.checked]
+            failed = (plan.stage == len(self.checkpoints)) & (c < self.cfg.thresholds[plan.checked])
+            plan.stage = torch.where(failed, plan.checked, plan.stage)
             plan.checked += 1
         if plan.planned_passes is not None:
             stop = plan.passes >= plan.planned_passes
         else:
-            stop = not plan.explore and not self._deeper_pays(plan, pool, ~plan.retrieval_confident)
+            alive = ~plan.retrieval_confident & self._may_keep_draft[plan.stage]
+            stop = not plan.explore and not self._deeper_pays(plan, pool, alive)
         if stop:
             plan.exit_depth.fill_(depth)
             return False
@@ -203,8 +211,8 @@ class GraftStepper:
         return True
 
     def _deeper_pays(self, plan: StepPlan, pool: DraftPool, alive: torch.Tensor) -> bool:
-        """Would another draft level raise the best expected tokens per second? Never when every
-        request is already served by a confident retrieval (``alive`` all False).
+        """Would another draft level raise the best expected tokens per second? Never when no
+        request is ``alive`` (each is served by a confident retrieval or pruned to the root).
 
         Optimistic bound of the next level: the ``topk`` beams of the current depth each get one
         child worth as much as themselves (siblings are exclusive, so a beam's children together
@@ -229,8 +237,16 @@ class GraftStepper:
 
     # -- 3. after the draft ----------------------------------------------------------------------
     def _draft_values(self, plan: StepPlan, pool: DraftPool) -> torch.Tensor:
+        """``[bs, M]`` calibrated acceptance probability of each draft node's path; 0 beyond the
+        request's exit depth and beyond its pruning stage's cap (the ``cap`` most valuable
+        nodes count, at the largest budget; ties by pool index, so the counted set is
+        ancestor-closed)."""
         values = path_values(self.calibration.probability(self.calibration.draft_bins(pool.scores)), pool.parents)
-        return torch.where(pool.depths <= plan.exit_depth[:, None], values, 0.0)
+        values = torch.where(pool.depths <= plan.exit_depth[:, None], values, 0.0)
+        _, _, cap = stage_keep_cap(pool, self.prune[self.max_nodes], self.max_nodes)
+        order = torch.sort(values, dim=1, descending=True, stable=True).indices
+        rank = torch.empty_like(order).scatter_(1, order, torch.arange(pool.size, device=values.device).expand_as(order))
+        return torch.where(rank < cap[:, None], values, 0.0)
 
     def build(self, plan: StepPlan, pool: DraftPool, seq_lens: torch.Tensor) -> GraftStep:
         """Choose the budget and build the tree (prune -> graft -> flatten)."""

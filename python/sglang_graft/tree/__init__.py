@@ -37,7 +37,7 @@ from .flatten import (
 from .graft import Placement, graft, graft_anchor
 from .guards import HostReadCounter, HostSyncError, forbid_host_sync
 from .pipeline import GraftStep, Proposer, build_graft_tree, warm_up_graft_kernels
-from .prune import confidence_at_checkpoints, keep_best_draft_nodes, prune_by_confidence, pruning_stage
+from .prune import confidence_at_checkpoints, keep_best_draft_nodes, prune_by_confidence, pruning_stage, stage_keep_cap
 from .reroot import reroot_proposals
 from .types import (
     DEFAULT_THRESHOLDS,
@@ -90,6 +90,7 @@ __all__ = [
     # prune / graft / flatten
     "confidence_at_checkpoints",
     "pruning_stage",
+    "stage_keep_cap",
     "keep_best_draft_nodes",
     "prune_by_confidence",
     "graft_anchor",

@@ -15,7 +15,7 @@ import torch
 from ._ops import reduce_along_path
 from .types import DraftPool, PruneConfig, PrunedDraft
 
-__all__ = ["confidence_at_checkpoints", "pruning_stage", "keep_best_draft_nodes", "prune_by_confidence"]
+__all__ = ["confidence_at_checkpoints", "pruning_stage", "stage_keep_cap", "keep_best_draft_nodes", "prune_by_confidence"]
 
 
 def confidence_at_checkpoints(pool: DraftPool, checkpoint_depths: tuple[int, ...]) -> torch.Tensor:
@@ -54,6 +54,23 @@ def pruning_stage(confidence: torch.Tensor, thresholds: tuple[float, ...]) -> to
     for k in reversed(range(c)):
         stage = torch.where(confidence[:, k] < thresholds[k], k, stage)
     return stage
+
+
+def stage_keep_cap(pool: DraftPool, config: PruneConfig, num_nodes: int) -> tuple[torch.Tensor, ...]:
+    """Confidences ``[bs, C]``, pruning stage ``[bs]`` and the stage's draft-node cap ``[bs]``
+    (``config.keep_table(num_nodes)[stage]``).
+
+    Example: checkpoints at depths (0, 1), keep (2, 6) of ``N - 1 = 15``: a request whose best
+    depth-0 probability is below the first threshold is in stage 0 and keeps at most 2 draft
+    nodes; one passing both keeps up to 15.
+    """
+    confidence = confidence_at_checkpoints(pool, config.checkpoint_depths)
+    stage = pruning_stage(confidence, config.thresholds)
+    table = config.keep_table(num_nodes)
+    cap = torch.full_like(stage, table[-1])
+    for s, k in enumerate(table[:-1]):
+        cap = torch.where(stage == s, k, cap)
+    return confidence, stage, cap
 
 
 def keep_best_draft_nodes(
@@ -109,22 +126,16 @@ def prune_by_confidence(
         config: checkpoints, thresholds and per-stage draft budget.
         num_nodes: node budget ``N`` per request, root included (SGLang's
             ``--speculative-num-draft-tokens``).
-        num_keep: ``[bs]`` draft nodes to keep, overriding the per-stage table (a cost-aware
-            caller's split); capped at ``N - 1``.
+        num_keep: ``[bs]`` draft nodes a cost-aware caller would keep; the stage's table entry
+            still caps it (a keep fraction of 0 prunes to the root in every budget mode).
         depth_limit: ``[bs]`` deepest draft depth a request may keep (where its draft stopped).
 
     Returns:
         The kept candidates (ancestor-closed), the stage, the confidences and the count;
         ``N - 1 - num_kept`` slots are left for retrieval.
     """
-    confidence = confidence_at_checkpoints(pool, config.checkpoint_depths)
-    stage = pruning_stage(confidence, config.thresholds)
-    if num_keep is None:
-        table = config.keep_table(num_nodes)
-        num_keep = torch.full_like(stage, table[-1])
-        for s, k in enumerate(table[:-1]):
-            num_keep = torch.where(stage == s, k, num_keep)
-    num_keep = num_keep.clamp(max=max(num_nodes - 1, 0))
+    confidence, stage, cap = stage_keep_cap(pool, config, num_nodes)
+    num_keep = cap if num_keep is None else torch.minimum(num_keep.to(cap.dtype), cap)
     allowed = None if depth_limit is None else pool.depths <= depth_limit[:, None]
     keep = keep_best_draft_nodes(pool, num_keep, allowed)
     return PrunedDraft(keep=keep, stage=stage, confidence=confidence, num_kept=keep.sum(dim=1))
