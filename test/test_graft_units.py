@@ -22,13 +22,18 @@ def _validate(cfg=gc.GraftConfig(), **kw):
 
 def test_defaults_validate_and_follow_the_published_split():
     _validate()
-    cfg = gc.GraftConfig()
+    cfg = gc.GraftConfig(budget="fixed")
     assert cfg.resolved_checkpoints(6) == (0, 1, 5)
     assert cfg.resolved_checkpoints(3) == (0, 1, 2)
     pc = cfg.prune_config(61, 6)  # the paper's 60-slot example (root excluded)
     assert pc.keep_per_stage == (8, 24, 40) and pc.checkpoint_depths == (0, 1, 5)
     assert pc.keep_table(61) == (8, 24, 40, 60)
     assert cfg.prune_config(16, 6).keep_per_stage == (2, 6, 10)
+    # cost-aware (the default): no cap unless keep fractions are given, then they cap in both modes
+    assert gc.GraftConfig().prune_config(16, 6).keep_table(16) == (15, 15, 15, 15)
+    for budget in ("cost", "fixed"):
+        given = gc.GraftConfig(budget=budget, keep_fractions=(0.0, 0.2, 1.0))
+        assert given.prune_config(16, 6).keep_table(16) == (0, 3, 15, 15)
 
 
 def test_chain_drafts_and_budgets_beyond_the_draft_validate():

@@ -48,8 +48,8 @@ class GraftConfig:
     # draft's depth (see ``resolved_checkpoints``).
     checkpoint_depths: Tuple[int, ...] = ()
     thresholds: Tuple[float, ...] = DEFAULT_THRESHOLDS  # c_d below which the draft is cut there
-    # Share of the N-1 verify slots kept as draft per stage: the published 8 / 24 / 40 of 60.
-    keep_fractions: Tuple[float, ...] = tuple(k / PAPER_BUDGET for k in PAPER_KEEP_PER_STAGE)
+    # Share of the N-1 verify slots kept as draft per stage; empty = see ``resolved_keep_fractions``.
+    keep_fractions: Tuple[float, ...] = ()
     min_retrieval_slots: int = 0  # slots reserved for retrieval even when every checkpoint passes
     placement: str = "root"  # where the retrieved tree hangs
     retrieval_max_depth: int = 8  # deepest retrieved chain
@@ -73,6 +73,17 @@ class GraftConfig:
             return tuple(self.checkpoint_depths)
         return tuple(sorted({min(d, num_steps - 1) for d in PAPER_CHECKPOINT_DEPTHS}))
 
+    def resolved_keep_fractions(self) -> Tuple[float, ...]:
+        """Per-stage draft share of the ``N - 1`` slots: as given; unset, the published 8 / 24 / 40
+        of 60 with the fixed budget, and no cap (1.0) with the cost-aware one, whose value
+        ranking then alone decides how many draft nodes a tree keeps (measured: the published
+        split as a cap lowers its speed, ``benchmark/results/smollm2_keep_cap.md``)."""
+        if self.keep_fractions:
+            return self.keep_fractions
+        if self.budget == "fixed":
+            return tuple(k / PAPER_BUDGET for k in PAPER_KEEP_PER_STAGE)
+        return (1.0,) * len(PAPER_KEEP_PER_STAGE)
+
     def resolved_budgets(self, num_nodes: int) -> Tuple[int, ...]:
         """Verify budgets a step may use (ascending, ending at ``num_nodes``, the largest);
         ``fixed`` mode: only ``num_nodes``.
@@ -94,13 +105,14 @@ class GraftConfig:
         """The tree core's :class:`PruneConfig` for budget ``N`` and a ``num_steps``-level draft.
 
         A stage keeps ``round(fraction * (N - 1))`` draft nodes, at least one for a positive
-        fraction (0 prunes the draft to the root). Example: the default fractions at ``N = 61``
-        keep 8 / 24 / 40 of the 60 non-root slots, the paper's split; at ``N = 16`` 2 / 6 / 10.
+        fraction (0 prunes the draft to the root); a cost-aware step keeps at most that many.
+        Example: the fixed budget's default fractions at ``N = 61`` keep 8 / 24 / 40 of the 60
+        non-root slots, the paper's split; at ``N = 16`` 2 / 6 / 10.
         """
         depths = self.resolved_checkpoints(num_steps)
         n = len(depths)
         budget = num_nodes - 1
-        keep = tuple(min(budget, max(int(f > 0), round(f * budget))) for f in self.keep_fractions[:n])
+        keep = tuple(min(budget, max(int(f > 0), round(f * budget))) for f in self.resolved_keep_fractions()[:n])
         return PruneConfig(checkpoint_depths=depths, thresholds=tuple(self.thresholds[:n]),
                            keep_per_stage=keep, min_retrieval_slots=self.min_retrieval_slots)
 
@@ -129,7 +141,9 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "checkpoint_depths": dict(type=int, nargs="+", help="Draft depths of the confidence checkpoints."),
     "thresholds": dict(type=float, nargs="+", help="Confidence threshold per checkpoint (best path probability)."),
     "keep_fractions": dict(type=float, nargs="+", help="Share of the N-1 verify slots kept for draft nodes "
-                           "when pruning stops at each checkpoint (0: prune to the root, retrieval only)."),
+                           "when pruning stops at each checkpoint (0: prune to the root, retrieval only); a cap on "
+                           "the cost-aware split. Default: 8/60 24/60 40/60 with --speculative-graft-budget fixed, "
+                           "no cap with cost."),
     "min_retrieval_slots": dict(type=int, help="Verify slots reserved for retrieval when no checkpoint fails."),
     "placement": dict(choices=PLACEMENTS, help="Graft retrieved chains under the root (published) or under "
                       "the deepest kept draft node (recycle source only)."),
@@ -179,7 +193,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default = getattr(defaults, name)
         extra = {k: v for k, v in spec.items() if k != "help"}
         group.add_argument(flag_name(name), dest="graft_" + name, default=default,
-                           help=spec["help"] + f" Default: {default}.", **extra)
+                           help=spec["help"] if "Default:" in spec["help"] else spec["help"] + f" Default: {default}.",
+                           **extra)
 
 
 def config_from_namespace(args: argparse.Namespace) -> GraftConfig:
@@ -235,12 +250,13 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
         raise ValueError(f"--speculative-num-draft-tokens must be >= 2 for GRAFT, got {num_nodes}")
     depths = cfg.resolved_checkpoints(num_steps)
     n = len(depths)
-    if len(cfg.thresholds) < n or len(cfg.keep_fractions) < n or (
-        cfg.checkpoint_depths and (len(cfg.thresholds) != n or len(cfg.keep_fractions) != n)
+    keep_fractions = cfg.resolved_keep_fractions()
+    if len(cfg.thresholds) < n or len(keep_fractions) < n or (
+        cfg.checkpoint_depths and (len(cfg.thresholds) != n or len(keep_fractions) != n)
     ):
         raise ValueError(f"{flag_name('checkpoint_depths')}, {flag_name('thresholds')} and "
                          f"{flag_name('keep_fractions')} need the same number of values, got "
-                         f"{n}, {len(cfg.thresholds)}, {len(cfg.keep_fractions)}")
+                         f"{n}, {len(cfg.thresholds)}, {len(keep_fractions)}")
     if list(depths) != sorted(set(depths)) or min(depths, default=0) < 0:
         raise ValueError(f"{flag_name('checkpoint_depths')} must be increasing and >= 0, got {list(depths)}")
     if depths and depths[-1] >= num_steps:
@@ -248,8 +264,8 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
                          f"{depths[-1]}, but --speculative-num-steps {num_steps} drafts depths 0..{num_steps - 1}")
     if any(not 0.0 <= t <= 1.0 for t in cfg.thresholds):
         raise ValueError(f"{flag_name('thresholds')} must lie in [0, 1], got {list(cfg.thresholds)}")
-    if any(not 0.0 <= f <= 1.0 for f in cfg.keep_fractions):
-        raise ValueError(f"{flag_name('keep_fractions')} must lie in [0, 1], got {list(cfg.keep_fractions)}")
+    if any(not 0.0 <= f <= 1.0 for f in keep_fractions):
+        raise ValueError(f"{flag_name('keep_fractions')} must lie in [0, 1], got {list(keep_fractions)}")
     if cfg.min_retrieval_slots < 0 or cfg.min_retrieval_slots > num_nodes - 2:
         raise ValueError(f"{flag_name('min_retrieval_slots')} must lie in [0, N-2] = [0, {num_nodes - 2}], "
                          f"got {cfg.min_retrieval_slots}")
