@@ -77,6 +77,86 @@ def _rank_among(priority: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor
     return ahead.sum(dim=2)
 
 
+def _place_draft(pool: DraftPool, keep: torch.Tensor, tokens, parents, from_draft, draft_index):
+    """Write the kept draft nodes, in pool order, to slots ``1..num_draft`` of the ``[bs, N + 1]``
+    buffers (column ``N`` is the dump). Returns ``num_draft [bs]`` and each candidate's slot
+    ``[bs, M]`` (``N`` where not kept)."""
+    n = tokens.shape[1] - 1
+    bs, m = pool.tokens.shape
+    num_draft = keep.sum(dim=1)
+    draft_slot = torch.where(keep, torch.cumsum(keep.to(torch.int64), dim=1), n)  # [bs, M]
+    if m:
+        parent_slot = torch.where(pool.parents < 0, 0, draft_slot.gather(1, pool.parents.clamp(min=0)))
+        tokens.scatter_(1, draft_slot, pool.tokens.to(torch.int64))
+        parents.scatter_(1, draft_slot, parent_slot)
+        from_draft.scatter_(1, draft_slot, keep)
+        draft_index.scatter_(1, draft_slot, torch.arange(m, device=keep.device).expand(bs, m))
+    return num_draft, draft_slot
+
+
+def _live_retrieved(proposals: RetrievalProposals) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[bs, R]`` which retrieved nodes may be placed (valid along their path, not under a
+    duplicate sibling) and their priority (minimum score along the path, NaN lowest).
+
+    Duplicate siblings inside a proposal (a contract violation): the first copy is kept and
+    later copies are dropped with their subtrees. Two nodes with equal token paths always have
+    ancestors (or themselves) that are duplicate siblings, so this removes every duplicate path.
+    """
+    r_tok = proposals.tokens.to(torch.int64)
+    r_par = proposals.parents.to(torch.int64)
+    alive = reduce_along_path(proposals.valid, r_par, torch.logical_and, True)
+    priority = reduce_along_path(
+        torch.nan_to_num(proposals.scores.float(), nan=float("-inf")), r_par, torch.minimum, float("inf")
+    )
+    ar_r = torch.arange(r_tok.shape[1], device=r_tok.device)
+    duplicate = (
+        (r_par[:, :, None] == r_par[:, None, :])
+        & (r_tok[:, :, None] == r_tok[:, None, :])
+        & alive[:, None, :]
+        & (ar_r[None, :] < ar_r[:, None]).unsqueeze(0)
+    ).any(dim=2)
+    return alive & ~reduce_along_path(duplicate, r_par, torch.logical_or, False), priority
+
+
+def _merge_slots(proposals: RetrievalProposals, alive, tokens, parents, from_draft, max_draft_depth: int):
+    """``[bs, R]`` slot of the kept draft node each live retrieved node spells the same token path
+    as (both under the root), or -1."""
+    n = tokens.shape[1] - 1
+    # Draft side as a forest under the root: slot s >= 1 has parent slot - 1 (root -> -1).
+    same_path = match_paths(proposals.tokens.to(torch.int64), proposals.parents.to(torch.int64), alive,
+                            tokens[:, 1:n], parents[:, 1:n] - 1, from_draft[:, 1:n], b_max_depth=max_draft_depth)
+    merge_target = first_true_index(same_path, dim=2)
+    return torch.where(merge_target >= 0, merge_target + 1, -1)
+
+
+def _place_retrieved(proposals: RetrievalProposals, new, merged_slot, priority, budget, anchor_slot,
+                     tokens, parents, from_retrieval, retrieval_index):
+    """Write the ``budget [bs]`` highest-priority ``new [bs, R]`` retrieved nodes (ties by index)
+    to the slots after the draft, in proposal order; a placed node's parent is its retrieved
+    parent's slot (new or merged, ``merged_slot [bs, R]``, -1 where not merged), or
+    ``anchor_slot`` for a retrieved root. Returns which were placed and their slots (``[bs, R]``;
+    meaningful where placed)."""
+    n = tokens.shape[1] - 1
+    r_tok = proposals.tokens.to(torch.int64)
+    r_par = proposals.parents.to(torch.int64)
+    num_draft = n - 1 - budget
+    include = new & (_rank_among(priority, new) < budget[:, None])
+    new_slot = 1 + num_draft[:, None] + torch.cumsum(include.to(torch.int64), dim=1) - 1
+    if not r_tok.shape[1]:
+        return include, new_slot
+    slot = torch.where(include, new_slot, merged_slot)
+    parent_of_new = torch.where(r_par < 0, anchor_slot[:, None], slot.gather(1, r_par.clamp(min=0)))
+    # Ancestor closure holds by construction; this guard only protects against NaN-like
+    # priorities that could break the ranking.
+    include = include & (parent_of_new >= 0)
+    dest = torch.where(include, new_slot, n)
+    tokens.scatter_(1, dest, r_tok)
+    parents.scatter_(1, dest, parent_of_new.clamp(min=0))
+    from_retrieval.scatter_(1, dest, include)
+    retrieval_index.scatter_(1, dest, torch.arange(r_tok.shape[1], device=r_tok.device).expand_as(include))
+    return include, new_slot
+
+
 def graft(
     pool: DraftPool,
     pruned: PrunedDraft,
@@ -107,9 +187,7 @@ def graft(
     _check_placement(placement)
     n = num_nodes
     bs, m = pool.tokens.shape
-    r = proposals.tokens.shape[1]
     device = pool.tokens.device
-    keep = pruned.keep
     i64 = torch.int64
 
     # Output buffers carry one extra "dump" column N that absorbs writes of entries that
@@ -124,15 +202,7 @@ def graft(
     parents[:, 0].fill_(-1)
 
     # 1. Kept draft nodes, in pool order, at slots 1..num_draft.
-    num_draft = keep.sum(dim=1)
-    draft_slot = torch.where(keep, torch.cumsum(keep.to(i64), dim=1), n)  # [bs, M]
-    if m:
-        parent_slot = torch.where(pool.parents < 0, 0, draft_slot.gather(1, pool.parents.clamp(min=0)))
-        tokens.scatter_(1, draft_slot, pool.tokens.to(i64))
-        parents.scatter_(1, draft_slot, parent_slot)
-        from_draft.scatter_(1, draft_slot, keep)
-        draft_index.scatter_(1, draft_slot, torch.arange(m, device=device).expand(bs, m))
-
+    num_draft, draft_slot = _place_draft(pool, pruned.keep, tokens, parents, from_draft, draft_index)
     if anchor_index is None:
         anchor_index, _ = graft_anchor(pool, pruned, root_tokens, placement)
     if m:
@@ -141,56 +211,19 @@ def graft(
     else:
         anchor_slot = torch.zeros(bs, dtype=i64, device=device)
 
-    # 2. Retrieved nodes.
-    r_tok = proposals.tokens.to(i64)
-    r_par = proposals.parents.to(i64)
-    alive = reduce_along_path(proposals.valid, r_par, torch.logical_and, True)
-    priority = reduce_along_path(
-        torch.nan_to_num(proposals.scores.float(), nan=float("-inf")), r_par, torch.minimum, float("inf")
-    )
-    # Duplicate siblings inside a proposal (a contract violation): keep the first copy and
-    # drop later copies with their subtrees. Two nodes with equal token paths always have
-    # ancestors (or themselves) that are duplicate siblings, so this removes every duplicate
-    # path.
-    ar_r = torch.arange(r, device=device)
-    duplicate = (
-        (r_par[:, :, None] == r_par[:, None, :])
-        & (r_tok[:, :, None] == r_tok[:, None, :])
-        & alive[:, None, :]
-        & (ar_r[None, :] < ar_r[:, None]).unsqueeze(0)
-    ).any(dim=2)
-    alive = alive & ~reduce_along_path(duplicate, r_par, torch.logical_or, False)
-
+    # 2. Retrieved nodes: the live ones merge into an equal draft path or take free slots by priority.
+    alive, priority = _live_retrieved(proposals)
     if placement == "root":
-        # Draft side as a forest under the root: slot s >= 1 has parent slot - 1 (root -> -1).
-        d_tok = tokens[:, 1:n]
-        d_par = parents[:, 1:n] - 1
-        d_ok = from_draft[:, 1:n]
-        # Draft nodes sit at most num_steps below the root.
-        same_path = match_paths(r_tok, r_par, alive, d_tok, d_par, d_ok, b_max_depth=pool.num_steps)
-        merge_target = first_true_index(same_path, dim=2)
-        merge_slot = torch.where(merge_target >= 0, merge_target + 1, -1)
+        merge_slot = _merge_slots(proposals, alive, tokens, parents, from_draft, pool.num_steps)
     else:
-        merge_slot = torch.full((bs, r), -1, dtype=i64, device=device)
+        merge_slot = torch.full(alive.shape, -1, dtype=i64, device=device)
     merged = alive & (merge_slot >= 0)
-    new = alive & ~merged
-
-    budget = (n - 1) - num_draft  # [bs]
-    include = new & (_rank_among(priority, new) < budget[:, None])
-    new_slot = 1 + num_draft[:, None] + torch.cumsum(include.to(i64), dim=1) - 1
-    retrieval_slot = torch.where(include, new_slot, torch.where(merged, merge_slot, -1))
-    if r:
-        parent_of_new = torch.where(r_par < 0, anchor_slot[:, None], retrieval_slot.gather(1, r_par.clamp(min=0)))
-        # Ancestor closure holds by construction; this guard only protects against NaN-like
-        # priorities that could break the ranking.
-        include = include & (parent_of_new >= 0)
-        retrieval_slot = torch.where(include | merged, retrieval_slot, -1)
-        dest = torch.where(include, new_slot, n)
-        tokens.scatter_(1, dest, r_tok)
-        parents.scatter_(1, dest, parent_of_new.clamp(min=0))
-        from_retrieval.scatter_(1, dest, include)
-        ridx = torch.arange(r, device=device).expand(bs, r)
-        retrieval_index.scatter_(1, dest, ridx)
+    merged_slot = torch.where(merged, merge_slot, -1)
+    include, retrieval_slot = _place_retrieved(proposals, alive & ~merged, merged_slot, priority, (n - 1) - num_draft,
+                                               anchor_slot, tokens, parents, from_retrieval, retrieval_index)
+    retrieval_slot = torch.where(include, retrieval_slot, merged_slot)
+    if proposals.tokens.shape[1]:
+        ridx = torch.arange(proposals.tokens.shape[1], device=device).expand_as(merged)
         merged_dest = torch.where(merged, merge_slot, n)
         from_retrieval.scatter_(1, merged_dest, merged)
         retrieval_index.scatter_(1, merged_dest, torch.where(merged, ridx, -1))
