@@ -126,6 +126,7 @@ class GraftStepper:
         # [C + 1] bool per pruning stage: whether it keeps any draft node (a keep fraction above 0)
         table = self.prune[self.max_nodes].keep_table(self.max_nodes)
         self._may_keep_draft = torch.tensor([k > 0 for k in table], dtype=torch.bool, device=device)
+        self._stage_caps = min(table) < self.max_nodes - 1  # False by default: no stage caps the ranking
         self.lagged: Optional[LaggedEntry] = None  # newest decode step whose results are on the host
 
     def explore_index(self) -> Optional[int]:
@@ -243,6 +244,8 @@ class GraftStepper:
         ancestor-closed)."""
         values = path_values(self.calibration.probability(self.calibration.draft_bins(pool.scores)), pool.parents)
         values = torch.where(pool.depths <= plan.exit_depth[:, None], values, 0.0)
+        if not self._stage_caps:
+            return values
         _, _, cap = stage_keep_cap(pool, self.prune[self.max_nodes], self.max_nodes)
         order = torch.sort(values, dim=1, descending=True, stable=True).indices
         rank = torch.empty_like(order).scatter_(1, order, torch.arange(pool.size, device=values.device).expand_as(order))
