@@ -270,14 +270,18 @@ def render_economy(economy: dict) -> str:
                      + f" | {sum(ms.values()):.1f} | {eco['mean_draft_passes']:.2f} | "
                      f"{eco['skipped_drafts'] / max(1, eco['steps']):.0%} |")
     budgets = sorted({int(k) for eco in economy.values() for k in eco["budget_histogram"]})
-    lines += ["", "Verify budgets chosen (share of decode steps):", "",
-              "| method | " + " | ".join(f"N={b}" for b in budgets) + " | mean N |",
-              "|---|" + "---|" * (len(budgets) + 1)]
+    lines += ["", "Verify budgets chosen (share of decode steps), and the tokens per step the chosen budget "
+              "expected against those committed (cost-aware steps):", "",
+              "| method | " + " | ".join(f"N={b}" for b in budgets) + " | mean N | expected | committed |",
+              "|---|" + "---|" * (len(budgets) + 3)]
     for name, eco in economy.items():
         hist = {int(k): v for k, v in eco["budget_histogram"].items()}
         steps = max(1, sum(hist.values()))
+        check = eco.get("expected_vs_committed") or {}
+        tokens = (f"{check['expected_per_step']:.2f} | {check['committed_per_step']:.2f}" if check.get("steps")
+                  else "- | -")
         lines.append(f"| {name} | " + " | ".join(f"{hist.get(b, 0) / steps:.0%}" for b in budgets)
-                     + f" | {_mean_budget(eco):.1f} |")
+                     + f" | {_mean_budget(eco):.1f} | {tokens} |")
     return "\n".join(lines) + "\n"
 
 

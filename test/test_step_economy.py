@@ -79,10 +79,28 @@ def test_calibration_starts_at_its_prior_and_learns():
     p1 = cal.probability(bins)
     assert p1[0] < 0.2 and p1[1] > 0.8 and p1[2] == p0[2]
     m = torch.tensor([2, 5, 9, 20])
-    sam = cal.sam_bins(torch.full((4, 3), 0.5), m)
+    sam = cal.sam_bins(torch.full((4, 3), 0.5), m, torch.ones((4, 3), dtype=torch.long))
     assert sam.shape == (4, 3) and len(set(sam[:, 0].tolist())) == 4
     rec = cal.recycle_bins(torch.tensor([1, 2, 9]), torch.tensor([0, 5, 1]))
     assert rec.tolist() == sorted(set(rec.tolist())) and int(rec.max()) < cal.num_bins
+
+
+def test_retrieved_chain_nodes_are_binned_by_depth():
+    """A chain seen once scores 1 at every depth; its nodes still get one bin per depth bucket
+    (1, 2, 3-4, 5-8, 9+), deeper ones a lower prior, and each bucket learns on its own."""
+    cal = AcceptanceCalibration(prior_weight=4.0)
+    depth = torch.arange(1, 13)[None, :]
+    bins = cal.sam_bins(torch.ones((1, 12)), torch.tensor([20]), depth)[0]
+    assert bins.tolist() == [bins[0]] + [bins[1]] + [bins[2]] * 2 + [bins[4]] * 4 + [bins[8]] * 4
+    buckets = [int(bins[i]) for i in (0, 1, 2, 4, 8)]
+    assert len(set(buckets)) == 5 and max(bins.tolist()) < cal.recycle_base
+    prior = cal.probability(torch.tensor(buckets))
+    assert all(a > b for a, b in zip(prior.tolist(), prior[1:].tolist()))
+    # depth 1 always accepted, depth 9+ never: each bucket follows its own data
+    for _ in range(40):
+        cal.update(bins, torch.ones(12), (depth[0] == 1).float())
+    p = cal.probability(torch.tensor(buckets))
+    assert p[0] > 0.9 and p[4] < 0.1
 
 
 def test_path_values_never_exceed_an_ancestor():

@@ -10,6 +10,7 @@ from test_tree_support import DEVICES, py_ancestors, py_children, random_proposa
 
 from sglang_graft.tree import (
     DraftPool,
+    PrunedDraft,
     PruneConfig,
     RetrievalProposals,
     TreeMaskMode,
@@ -18,7 +19,9 @@ from sglang_graft.tree import (
     encode_tree_mask,
     flatten,
     full_tree_mask,
+    graft,
     graft_anchor,
+    new_retrieved_values,
 )
 
 
@@ -189,6 +192,37 @@ def test_duplicate_proposal_siblings_are_dropped_with_their_subtree():
     assert tree.from_draft[0].tolist() == [False, True, True] + [False] * 5
     assert tree.from_retrieval[0].tolist() == [False, False, True, True, True, False, False, False]
     assert tree.num_merged.tolist() == [1] and tree.num_retrieved.tolist() == [2]
+
+
+def test_new_retrieved_values_count_what_the_graft_adds():
+    """Worked example: draft ``5 -> 4``; retrieval ``5 -> 4 -> 3``, a duplicate ``5`` and ``7``:
+    only ``3`` and ``7`` are new (``5`` and ``4`` merge, the second ``5`` is a duplicate)."""
+    pool = DraftPool(tokens=torch.tensor([[5, 6, 4]]), parents=torch.tensor([[-1, -1, 0]]),
+                     scores=torch.tensor([[0.6, 0.3, 0.5]]), depths=torch.tensor([[0, 0, 1]]), topk=2, num_steps=2)
+    proposals = RetrievalProposals(tokens=torch.tensor([[5, 4, 3, 5, 7]]), parents=torch.tensor([[-1, 0, 1, -1, -1]]),
+                                   scores=torch.ones(1, 5), valid=torch.ones(1, 5, dtype=torch.bool))
+    values = torch.tensor([[0.875, 0.75, 0.625, 0.5, 0.25]])
+    kept = new_retrieved_values(pool, torch.tensor([[0.6, 0.3, 0.5]]), proposals, values)
+    assert kept.tolist() == [[0.0, 0.0, 0.625, 0.0, 0.25]]
+    # a draft node worth nothing (beyond the exit depth) is not a merge target
+    kept = new_retrieved_values(pool, torch.tensor([[0.6, 0.3, 0.0]]), proposals, values)
+    assert kept.tolist() == [[0.0, 0.75, 0.625, 0.0, 0.25]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_new_retrieved_values_agree_with_the_graft_on_random_trees(seed):
+    """With every draft node kept and room for every proposal, the nodes the values count are
+    exactly the new retrieved nodes the graft places."""
+    pool, proposals, _, roots, _, _, _ = _make_case(seed, 4, 8, 2, 3, 5, 12, (0.0, 0.0), (0, 0))
+    keep = torch.ones_like(pool.tokens, dtype=torch.bool)
+    pruned = PrunedDraft(keep=keep, stage=torch.zeros(4, dtype=torch.long), confidence=torch.zeros(4, 1),
+                         num_kept=keep.sum(1))
+    n = pool.size + proposals.tokens.shape[1] + 1
+    tree = graft(pool, pruned, roots, proposals, n)
+    counted = new_retrieved_values(pool, torch.ones(pool.tokens.shape), proposals,
+                                   torch.ones(proposals.tokens.shape)) > 0
+    placed = tree.retrieval_slot > pool.size
+    assert torch.equal(counted, placed) and bool(tree.num_merged.sum() > 0)
 
 
 def test_deepest_draft_placement_anchors_under_deepest_kept_node():

@@ -134,26 +134,35 @@ class AcceptanceCalibration:
     Bins: draft nodes by ``floor(-2 * log2(cumulative draft probability))`` (16 bins); suffix-
     automaton nodes by the same bins of their empirical path probability (``count / occurrences``)
     times 4 match-strength buckets (suffix match < 4 tokens, i.e. the n-gram fallback, 4-7, 8-15,
-    16+); recycled nodes by depth (1..8) times their cumulative rank (0, 1, 2, 3+). Each bin starts
-    from a prior worth ``prior_weight`` observations: the draft's own probability; the empirical
-    path probability scaled by the match strength; ``0.7 ** (depth - 1)`` scaled by the rank.
+    16+) times 5 depth buckets (1, 2, 3-4, 5-8, 9+); recycled nodes by depth (1..8) times their
+    cumulative rank (0, 1, 2, 3+). Each bin starts from a prior worth ``prior_weight``
+    observations: the draft's own probability; the empirical path probability scaled by the match
+    strength and ``0.85 ** depth bucket``; ``0.7 ** (depth - 1)`` scaled by the rank.
+
+    Why depth for retrieved chains: a chain seen once has empirical path probability 1 at every
+    depth, yet its 12th token is accepted only if the 11 before it are. Without depth, one bin
+    averages its shallow and deep nodes, undervalues the first and overvalues the last, and so
+    overvalues the nodes a larger budget adds.
     """
 
     SCORE_BINS = 16
     STRENGTHS = 4
+    SAM_DEPTHS = 5
     DEPTHS = 8
     RANKS = 4
 
     def __init__(self, device: torch.device | str = "cpu", prior_weight: float = 8.0) -> None:
         self.device = torch.device(device)
         self.sam_base = self.SCORE_BINS
-        self.recycle_base = self.sam_base + self.SCORE_BINS * self.STRENGTHS
+        self.recycle_base = self.sam_base + self.SCORE_BINS * self.STRENGTHS * self.SAM_DEPTHS
         self.num_bins = self.recycle_base + self.DEPTHS * self.RANKS
         centers = torch.pow(2.0, -(torch.arange(self.SCORE_BINS, dtype=torch.float32) + 0.5) / 2)
         strength = torch.tensor([0.4, 0.6, 0.75, 0.85])
         depth = torch.arange(self.DEPTHS, dtype=torch.float32)
         rank = torch.tensor([0.5, 0.3, 0.2, 0.1])
-        prior = torch.cat([centers, (strength[:, None] * centers[None, :]).flatten(),
+        sam_depth = torch.pow(0.85, torch.arange(self.SAM_DEPTHS, dtype=torch.float32))
+        sam = strength[:, None, None] * sam_depth[None, :, None] * centers[None, None, :]
+        prior = torch.cat([centers, sam.flatten(),
                            (torch.pow(0.7, depth)[:, None] * rank[None, :]).flatten()])
         self.prior = prior.to(self.device)
         self.prior_weight = float(prior_weight)
@@ -171,11 +180,14 @@ class AcceptanceCalibration:
         """Cumulative draft probabilities -> bins."""
         return self.score_bins(scores)
 
-    def sam_bins(self, scores: torch.Tensor, match_length: torch.Tensor) -> torch.Tensor:
-        """Suffix-automaton nodes: empirical path probability ``[bs, R]``, match length ``[bs]``."""
+    def sam_bins(self, scores: torch.Tensor, match_length: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """Suffix-automaton nodes: empirical path probability ``[bs, R]``, match length ``[bs]``,
+        depth ``[bs, R]`` (1 = child of the root)."""
         m = match_length.to(torch.int64)
         strength = ((m >= 4).long() + (m >= 8).long() + (m >= 16).long())[:, None]
-        return self.sam_base + strength * self.SCORE_BINS + self.score_bins(scores)
+        # depth 1, 2, 3-4, 5-8, 9+ -> 0..4 (ceil(log2(depth)), exact at powers of two)
+        level = torch.log2(depth.clamp(min=1).float()).ceil().to(torch.int64).clamp(max=self.SAM_DEPTHS - 1)
+        return self.sam_base + (strength * self.SAM_DEPTHS + level) * self.SCORE_BINS + self.score_bins(scores)
 
     def recycle_bins(self, depth: torch.Tensor, cumulative_rank: torch.Tensor) -> torch.Tensor:
         """Recycled nodes: depth 1.. (clamped to 8) and cumulative rank (0 = greedy chain)."""

@@ -32,7 +32,7 @@ import torch
 from sglang_graft.config import GraftConfig
 from sglang_graft.retrieval import RecyclingMatrix, RetrievalStore, ScopeTable, stack_trees
 from sglang_graft.sglang.lagged import CommitRing, LaggedEntry
-from sglang_graft.tree import RetrievalProposals, from_host, reroot_proposals
+from sglang_graft.tree import RetrievalProposals, from_host, node_depths, reroot_proposals
 
 WARMUP_RID = "__graft_warmup__"
 
@@ -264,7 +264,7 @@ class GraftRetrieval:
                 match = torch.where(matched, match + pending[1], 0)
             bins = torch.zeros_like(tok)
             if calibration is not None:
-                bins = calibration.sam_bins(torch.where(va, sc, 1e-12), match)
+                bins = calibration.sam_bins(torch.where(va, sc, 1e-12), match, node_depths(par))
             parts.append((tok, par, sc, va, bins))
         if self.matrix is not None:
             tok, par, sc, va = self.matrix.propose_padded(anchor_tokens.to(torch.int64), scopes=scopes)

@@ -49,6 +49,7 @@ from sglang_graft.tree import (
     RetrievalProposals,
     build_graft_tree,
     confidence_at_checkpoints,
+    new_retrieved_values,
     stage_keep_cap,
 )
 
@@ -71,6 +72,7 @@ class StepPlan:
     explore: bool = False
     planned_passes: Optional[int] = None  # sync-free: draft passes decided before the draft
     expected_rows: Optional[torch.Tensor] = None  # [bs, budgets] expected tokens per budget (cost mode)
+    expected: Optional[float] = None  # host: the batch's expected tokens at the chosen budget (not sync-free)
 
 
 @dataclass
@@ -81,12 +83,24 @@ class StepStats:
     draft_passes: int = 0
     skipped_drafts: int = 0  # steps with no draft pass at all
     budget_histogram: Counter = field(default_factory=Counter)
+    # cost-aware steps whose outcome is known: tokens the chosen budget expected, tokens committed
+    checked_steps: int = 0
+    expected_tokens: float = 0.0
+    committed_tokens: int = 0
+
+    def check(self, expected: float, committed: int) -> None:
+        self.checked_steps += 1
+        self.expected_tokens += expected
+        self.committed_tokens += committed
 
     def as_dict(self) -> dict:
+        n = self.checked_steps
         return {"steps": self.steps, "draft_passes": self.draft_passes,
                 "mean_draft_passes": self.draft_passes / self.steps if self.steps else 0.0,
                 "skipped_drafts": self.skipped_drafts,
-                "budget_histogram": {str(k): v for k, v in sorted(self.budget_histogram.items())}}
+                "budget_histogram": {str(k): v for k, v in sorted(self.budget_histogram.items())},
+                "expected_vs_committed": {"steps": n, "expected_per_step": self.expected_tokens / n if n else 0.0,
+                                          "committed_per_step": self.committed_tokens / n if n else 0.0}}
 
 
 class GraftStepper:
@@ -172,6 +186,9 @@ class GraftStepper:
         for entry in entries:
             if entry.stats is not None:
                 self.lagged = entry
+                if self.cost_aware and entry.num_nodes in self.budgets:
+                    k = self.budgets.index(entry.num_nodes)
+                    self.stats.check(float(entry.stats[:, NUM_FIXED_STATS + k].sum()), int(entry.lengths.sum()))
 
     def _planned_passes(self, explore: bool) -> int:
         """Sync-free draft passes of this step: one level deeper than the newest known step's trees
@@ -221,7 +238,7 @@ class GraftStepper:
         """
         bs = len(plan.rids)
         values = self._draft_values(plan, pool)
-        now = torch.cat([values, plan.proposals.scores.clamp(min=0)], dim=1)
+        now = self._union_values(plan, pool, values)
         at_depth = torch.where(pool.depths == pool.num_steps - 1, values, 0.0)
         beams = torch.topk(at_depth, min(self.topk, at_depth.shape[1]), dim=1).values
         later = torch.cat([now, torch.where(alive[:, None], beams, 0.0)], dim=1)
@@ -251,6 +268,14 @@ class GraftStepper:
         rank = torch.empty_like(order).scatter_(1, order, torch.arange(pool.size, device=values.device).expand_as(order))
         return torch.where(rank < cap[:, None], values, 0.0)
 
+    def _union_values(self, plan: StepPlan, pool: DraftPool, draft_values: torch.Tensor) -> torch.Tensor:
+        """``[bs, M + R]`` values of the draft nodes, then of the retrieved nodes the graft adds as
+        new nodes (duplicates and nodes merged into a draft node count 0)."""
+        retrieved = plan.proposals.scores.clamp(min=0)
+        if self.cfg.placement == "root":
+            retrieved = new_retrieved_values(pool, draft_values, plan.proposals, retrieved)
+        return torch.cat([draft_values, retrieved], dim=1)
+
     def build(self, plan: StepPlan, pool: DraftPool, seq_lens: torch.Tensor) -> GraftStep:
         """Choose the budget and build the tree (prune -> graft -> flatten)."""
         bs = len(plan.rids)
@@ -259,16 +284,18 @@ class GraftStepper:
             return build_graft_tree(pool, plan.root, plan.proposals, seq_lens, self.max_nodes,
                                     self.prune[self.max_nodes], self.cfg.placement)
         draft_values = self._draft_values(plan, pool)
-        union = torch.cat([draft_values, plan.proposals.scores.clamp(min=0)], dim=1)
+        union = self._union_values(plan, pool, draft_values)
         plan.expected_rows = expected_tokens(union, self.budgets)
         secs = [self.cost.step(bs=bs, num_nodes=n, passes=plan.passes) for n in self.budgets]
+        expected = None if self.sync_free else plan.expected_rows.sum(0).tolist()  # the one host read
         if plan.explore:
             k = self.explore_index()
         elif self.sync_free:
             k = self._lagged_budget(bs, secs)
         else:
-            k = choose_budget(plan.expected_rows.sum(0).tolist(), secs)
+            k = choose_budget(expected, secs)
         n = plan.num_nodes = self.budgets[k]
+        plan.expected = None if expected is None else expected[k]
         # draft nodes among the n - 1 most valuable of the union, per request
         m = pool.size
         top = max(0, min(n - 1, union.shape[1]))

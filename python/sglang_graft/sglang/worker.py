@@ -269,6 +269,9 @@ class GraftWorkerV2(EAGLEWorkerV2):
         host = torch.cat([tokens.to(torch.int64), accept_lens[:, None],
                           info.stage[:, None], retrieved[:, None], drafted[:, None]], dim=1).tolist()
         self.retrieval.commit(rids, [row[: row[n]] for row in host])
+        plan = self._last_plan
+        if plan is not None and plan.expected is not None:
+            self.stepper.stats.check(plan.expected, sum(row[n] for row in host))
         stage = [row[n + 1] for row in host]
         retrieved_list = [row[n + 2] for row in host]
         drafted_list = [row[n + 3] for row in host]

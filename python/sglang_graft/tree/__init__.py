@@ -14,7 +14,7 @@ Typical step (see :func:`build_graft_tree`)::
         layout.retrive_next_sibling, target_probs_from_logits(logits, t, top_p, top_k))
 """
 
-from ._ops import from_host
+from ._ops import from_host, node_depths
 from .draft import (
     build_tree_from_sglang_draft,
     chain_pool,
@@ -34,7 +34,7 @@ from .flatten import (
     tree_layout_from_mask,
     write_tree_mask,
 )
-from .graft import Placement, graft, graft_anchor
+from .graft import Placement, graft, graft_anchor, new_retrieved_values
 from .guards import HostReadCounter, HostSyncError, forbid_host_sync
 from .pipeline import GraftStep, Proposer, build_graft_tree, warm_up_graft_kernels
 from .prune import confidence_at_checkpoints, keep_best_draft_nodes, prune_by_confidence, pruning_stage, stage_keep_cap
@@ -94,6 +94,7 @@ __all__ = [
     "keep_best_draft_nodes",
     "prune_by_confidence",
     "graft_anchor",
+    "new_retrieved_values",
     "graft",
     "flatten",
     "flatten_torch",
@@ -117,6 +118,7 @@ __all__ = [
     "emitted_tokens",
     # host values to the device without a stream sync
     "from_host",
+    "node_depths",
     # guards
     "HostSyncError",
     "HostReadCounter",

@@ -20,6 +20,7 @@ __all__ = [
     "num_jump_rounds",
     "jump_pointers",
     "reduce_along_path",
+    "node_depths",
     "ancestor_or_self",
     "match_paths",
     "first_true_index",
@@ -74,6 +75,12 @@ def reduce_along_path(
         acc = op(acc, acc.gather(1, jump))
         jump = jump.gather(1, jump)
     return acc[:, :n]
+
+
+def node_depths(parents: torch.Tensor) -> torch.Tensor:
+    """``[bs, n]`` parents (-1: child of the root) -> ``[bs, n] int64`` depths (1: child of the root)."""
+    ones = torch.ones(parents.shape, dtype=torch.int64, device=parents.device)
+    return reduce_along_path(ones, parents.to(torch.int64), torch.add, 0)
 
 
 def ancestor_or_self(parents: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 from ._ops import first_true_index, match_paths, reduce_along_path
 from .types import DraftPool, GraftTree, PrunedDraft, RetrievalProposals
 
-__all__ = ["Placement", "graft_anchor", "graft"]
+__all__ = ["Placement", "graft_anchor", "graft", "new_retrieved_values"]
 
 Placement = Literal["root", "deepest_draft"]
 
@@ -116,6 +116,28 @@ def _live_retrieved(proposals: RetrievalProposals) -> tuple[torch.Tensor, torch.
         & (ar_r[None, :] < ar_r[:, None]).unsqueeze(0)
     ).any(dim=2)
     return alive & ~reduce_along_path(duplicate, r_par, torch.logical_or, False), priority
+
+
+def new_retrieved_values(pool: DraftPool, draft_values: torch.Tensor, proposals: RetrievalProposals,
+                         values: torch.Tensor) -> torch.Tensor:
+    """``[bs, R]`` ``values`` of the retrieved nodes that :func:`graft` (root placement) would add
+    as new nodes, 0 for the others, so that a budget's expected tokens count every node once.
+
+    Zeroed: a node dropped as a duplicate inside the proposals (with its subtree), and a node
+    that spells the same token path as a draft node worth something (``draft_values [bs, M] >
+    0``), which it merges into; the draft node's value stands for both, and the merged node's
+    children keep theirs.
+
+    Example: the draft holds ``a -> b`` and retrieval proposes ``a -> b -> c``: only ``c`` keeps
+    its value; counting ``a`` and ``b`` twice would value a larger budget for nodes it never adds.
+    """
+    if not proposals.tokens.shape[1]:
+        return values
+    alive, _ = _live_retrieved(proposals)
+    same_path = match_paths(proposals.tokens.to(torch.int64), proposals.parents.to(torch.int64), alive,
+                            pool.tokens.to(torch.int64), pool.parents.to(torch.int64), draft_values > 0,
+                            b_max_depth=pool.num_steps)
+    return torch.where(alive & ~same_path.any(dim=2), values, 0.0)
 
 
 def _merge_slots(proposals: RetrievalProposals, alive, tokens, parents, from_draft, max_draft_depth: int):

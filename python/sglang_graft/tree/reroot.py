@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._ops import reduce_along_path
+from ._ops import node_depths, reduce_along_path
 from .types import RetrievalProposals
 
 __all__ = ["reroot_proposals"]
@@ -89,7 +89,7 @@ def reroot_proposals(
         parents = torch.where(in_range, parents, -1)
         valid = proposals.valid & in_range
 
-        depth = reduce_along_path(torch.ones((bs, r), dtype=i64, device=device), parents, torch.add, 0)
+        depth = node_depths(parents)
         # Path token expected at each node's depth; the extra column keeps the gather in range
         # when W == 0. Only read where depth <= L <= W.
         path_ext = torch.cat([path.to(i64), torch.zeros((bs, 1), dtype=i64, device=device)], dim=1)
