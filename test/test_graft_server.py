@@ -96,6 +96,10 @@ def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_l
         assert "Traceback" not in srv.tail(10 ** 8)  # a normal start prints no traceback
         # on a CPU GRAFT reads fresh values on the host (sync-free off): the counter sees them
         assert graft["sync_free"] is False and graft["host_reads"]["graft"] >= graft["economy"]["steps"]
+        # every cost-aware step's expected and committed tokens are checked (each step commits >= 1)
+        check = graft["economy"]["expected_vs_committed"]
+        assert check["steps"] == graft["economy"]["steps"] and check["committed_per_step"] >= 1.0, check
+        assert check["expected_per_step"] >= 1.0, check
 
 
 def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs, reference):
@@ -124,6 +128,8 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     assert reads["sglang"] + reads["cpu_kernels"] > 0  # the counter was on (SGLang's CPU step reads values)
     economy = graft["economy"]
     assert economy["steps"] > 50 and economy["mean_draft_passes"] < 2
+    check = economy["expected_vs_committed"]  # from the lagged entries: all but the newest steps
+    assert economy["steps"] - 4 <= check["steps"] <= economy["steps"] and check["committed_per_step"] >= 1.0, check
     assert graft["accepted_retrieved_tokens"] > 0  # re-rooted retrieval is accepted (the tiny head rarely is)
     assert graft["verify_steps"] > 0 and graft["sampling_verify_steps"] > 0
     assert graft["live_stores"] == 0
