@@ -25,10 +25,24 @@ CPU_ARGS = ["--device", "cpu", "--dtype", "float32", "--max-total-tokens", "8192
             "--skip-server-warmup", "--sleep-on-idle", "--log-level", "warning"]
 
 
+PORT_ATTEMPTS = 3
+
+
+class PortTaken(RuntimeError):
+    """The server could not bind its HTTP port."""
+
+
+_HANDED_OUT: set[int] = set()  # ports this process gave a server: never handed out twice
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 class SGLangServer:
@@ -46,6 +60,21 @@ class SGLangServer:
         self.env = env or {}
 
     def start(self) -> "SGLangServer":
+        """Launch and wait until healthy. A port taken between :func:`free_port` and the server's
+        bind (another server's internal ports are picked at random near its own) makes the server
+        exit with ``address already in use``; it is then relaunched on a new port, twice at most."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return self._launch()
+            except PortTaken:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+                self.args[self.args.index("--port") + 1] = str(self.port)
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> "SGLangServer":
         env = {**os.environ, **SERVER_ENV, **self.env}
         log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(self.args, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -53,7 +82,8 @@ class SGLangServer:
         deadline = time.time() + self.timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.tail()}")
+                taken = f"{self.port}): address already in use" in self.tail(10 ** 8)
+                raise (PortTaken if taken else RuntimeError)(f"server exited with {self.proc.returncode}: {self.tail()}")
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
                     return self

@@ -143,3 +143,20 @@ def test_eagle3_token_exact(tiny_models, server_logs, llama_reference, topk, ste
         outs = [srv.generate_ids(p, NEW_TOKENS) for p in ids]
     assert [o["output_ids"] for o in outs] == reference
     assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in outs)
+
+
+def test_a_server_whose_port_is_taken_is_relaunched_on_another(tiny_models, server_logs):
+    """The port race of two servers started side by side: the first port is held by a listening
+    socket, so the server exits with ``address already in use`` and comes up on a new port."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        srv = SGLangServer(tiny_models["llama"], log_path=server_logs / "port-taken.log")
+        srv.port, srv.url = taken, f"http://127.0.0.1:{taken}"
+        srv.args[srv.args.index("--port") + 1] = str(taken)
+        with srv:
+            assert srv.port != taken and srv.proc.poll() is None
+            assert len(srv.generate_ids([5, 6, 7], 3)["output_ids"]) == 3
