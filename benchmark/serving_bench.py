@@ -89,6 +89,9 @@ def main() -> None:
                     help="tokens per request (with --natural-eos: at most this many)")
     ap.add_argument("--natural-eos", action="store_true",
                     help="requests end at the model's end of text (variable lengths) instead of exactly --output-len")
+    ap.add_argument("--max-total-tokens", type=int, default=None,
+                    help="KV pool of every server, in tokens (default: the test servers' 8192; the longest "
+                         "benchmark prompts are ~3.7k tokens, so at concurrency 8+ the pool limits admission)")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "serving")
     args = ap.parse_args()
     if len(args.prompts_per_level) != len(args.concurrency):
@@ -113,6 +116,8 @@ def main() -> None:
         if "--speculative-algorithm" in extra:
             extra += ["--speculative-draft-model-path", str(args.draft)]
         extra += ["--max-running-requests", str(max(args.concurrency))]
+        if args.max_total_tokens:  # after the CPU defaults: the last value counts
+            extra += ["--max-total-tokens", str(args.max_total_tokens)]
         with SGLangServer(args.model, extra, log_path=args.out / f"{name}.log") as srv:
             srv.generate_ids([1, 2, 3, 4], 8)  # warm-up
             for conc, n in zip(args.concurrency, args.prompts_per_level):
@@ -133,6 +138,7 @@ def main() -> None:
     for r in results:
         r["vs_none"] = r["output_throughput"] / base[r["concurrency"]] if r["concurrency"] in base else None
     report = {"results": results, "economy": economy, "dataset_rows": n_rows, "output_len": args.output_len,
+              "max_total_tokens": args.max_total_tokens or 8192,
               "wall_s": round(time.time() - t_start, 1)}
     (args.out / "serving_bench.json").write_text(json.dumps(report, indent=2))
     md = render(results) + render_economy(economy).replace(", whole run;", ", cumulative up to that level;")

@@ -40,11 +40,11 @@ def test_expected_tokens_is_one_plus_the_best_values(values, budgets):
 def test_cost_model_interpolates_and_extrapolates_published_buckets():
     c = StepCost(alpha=1.0)
     assert c.verify(8) == 8.0  # no data: proportional
-    c.observe(tokens=1, bs=1, verify_s=0.05, passes=2, draft_s=0.01, fixed_s=0.004)
+    c.observe(bs=1, num_nodes=1, verify_s=0.05, passes=2, draft_s=0.01, fixed_s=0.004)
     assert c.verify(8) == 8.0  # observed, not yet published
     c.publish()
     assert c.verify(16) == pytest.approx(0.8)  # one point: proportional beyond it
-    c.observe(tokens=16, bs=1, verify_s=0.11, passes=0, draft_s=0.0, fixed_s=0.004)
+    c.observe(bs=1, num_nodes=16, verify_s=0.11, passes=0, draft_s=0.0, fixed_s=0.004)
     c.publish()
     assert c.verify(1) == pytest.approx(0.05) and c.verify(16) == pytest.approx(0.11)
     assert c.verify(4) == pytest.approx(0.05 + 0.06 * 3 / 15)
@@ -55,9 +55,9 @@ def test_cost_model_interpolates_and_extrapolates_published_buckets():
 
 def test_published_costs_are_the_average_over_ranks():
     ranks = [StepCost(alpha=1.0), StepCost(alpha=1.0)]
-    ranks[0].observe(tokens=4, bs=1, verify_s=1.0, passes=0, draft_s=0.0, fixed_s=0.0)
-    ranks[1].observe(tokens=4, bs=1, verify_s=3.0, passes=0, draft_s=0.0, fixed_s=0.0)
-    ranks[1].observe(tokens=64, bs=1, verify_s=9.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    ranks[0].observe(bs=1, num_nodes=4, verify_s=1.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    ranks[1].observe(bs=1, num_nodes=4, verify_s=3.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    ranks[1].observe(bs=1, num_nodes=64, verify_s=9.0, passes=0, draft_s=0.0, fixed_s=0.0)
     contributions = []
     for r in ranks:  # what each rank puts into the collective
         r.publish(lambda t: contributions.append(t.clone()))
@@ -66,6 +66,47 @@ def test_published_costs_are_the_average_over_ranks():
         r.publish(lambda t: t.copy_(total))
     assert ranks[0].as_dict() == ranks[1].as_dict()
     assert ranks[1].verify(4) == pytest.approx(2.0) and ranks[1].verify(64) == pytest.approx(9.0)
+
+
+def test_verify_cost_is_kept_per_batch_shape():
+    """16 tokens verified as 1 request x 16 nodes and as 16 requests x the root cost differently;
+    the token curve mixes them, the cells keep each, and a cell moves along the curve."""
+    c = StepCost(budgets=(1, 2, 4, 8, 16), alpha=1.0)
+    c.observe(bs=1, num_nodes=16, verify_s=0.12, passes=0, draft_s=0.0, fixed_s=0.0)
+    c.observe(bs=16, num_nodes=1, verify_s=0.30, passes=0, draft_s=0.0, fixed_s=0.0)
+    c.observe(bs=1, num_nodes=1, verify_s=0.05, passes=0, draft_s=0.0, fixed_s=0.0)
+    c.observe(bs=8, num_nodes=1, verify_s=0.15, passes=0, draft_s=0.0, fixed_s=0.0)
+    c.publish()
+    assert c.verify(16) == pytest.approx(0.30)  # the curve: the newest shape at 16 tokens
+    assert c.verify_at(1, 16) == pytest.approx(0.12) and c.verify_at(16, 1) == pytest.approx(0.30)
+    # bs 12 shares bs 8's bucket: the cell (0.15 at bs 8) moved along the curve from 8 to 12 tokens
+    assert c.verify_at(12, 1) == pytest.approx(0.15 * c.verify(12) / c.verify(8))
+    # (bs 8, N 16) never measured: bs 8's N 1 times bs 1's ratio of N 16 to N 1 (the docstring's example)
+    assert c.verify_at(8, 16) == pytest.approx(0.15 * 0.12 / 0.05)
+    # (bs 8, N 2): no bucket measured N 2; bs 8's nearest measured budget (1) moved along the curve
+    assert c.verify_at(8, 2) == pytest.approx(0.15 * c.verify(16) / c.verify(8))
+    # (bs 4, N 1): bs 4 measured nothing; bs 8's N 1 (the nearest bucket) moved along the curve
+    assert c.verify_at(4, 1) == pytest.approx(0.15 * c.verify(4) / c.verify(8))
+    # a budget outside the cells: the curve
+    assert c.verify_at(4, 3) == pytest.approx(c.verify(12))
+    assert c.step(bs=16, num_nodes=1, passes=0) == pytest.approx(0.30)
+    assert c.as_dict()["verify_s_by_bs_and_budget"] == {"bs1/N1": 0.05, "bs1/N16": 0.12, "bs8/N1": 0.15,
+                                                        "bs16/N1": 0.3}
+
+
+def test_published_cells_are_the_average_over_ranks():
+    ranks = [StepCost(budgets=(1, 4), alpha=1.0), StepCost(budgets=(1, 4), alpha=1.0)]
+    ranks[0].observe(bs=8, num_nodes=4, verify_s=1.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    ranks[1].observe(bs=8, num_nodes=4, verify_s=3.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    ranks[1].observe(bs=2, num_nodes=1, verify_s=5.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    contributions = []
+    for r in ranks:
+        r.publish(lambda t: contributions.append(t.clone()))
+    total = contributions[0] + contributions[1]
+    for r in ranks:
+        r.publish(lambda t: t.copy_(total))
+    assert ranks[0].as_dict() == ranks[1].as_dict()
+    assert ranks[0].verify_at(8, 4) == pytest.approx(2.0) and ranks[0].verify_at(2, 1) == pytest.approx(5.0)
 
 
 def test_calibration_starts_at_its_prior_and_learns():
@@ -118,7 +159,7 @@ def _stepper(mode: str, budgets=(1, 2, 4, 8), topk=2, steps=3, **cfg) -> GraftSt
 
 def _teach_costs(stepper: GraftStepper, verify: dict[int, float], pass_s: float) -> None:
     for tokens, secs in verify.items():
-        stepper.cost.observe(tokens=tokens, bs=1, verify_s=secs, passes=1, draft_s=pass_s, fixed_s=0.001)
+        stepper.cost.observe(bs=1, num_nodes=tokens, verify_s=secs, passes=1, draft_s=pass_s, fixed_s=0.001)
     stepper.cost.publish()
     stepper.stats.steps = 7  # past the first (exploring) steps
 
@@ -185,6 +226,25 @@ def test_exploration_cycles_through_the_budgets():
         s.build(plan, pool, torch.tensor([4]))
         chosen.append(plan.num_nodes)
     assert sorted(chosen) == [1, 2, 4]
+
+
+def test_the_same_values_get_a_smaller_budget_in_a_larger_batch():
+    """Verifying 16 nodes is cheap for one request and dear for eight (a CPU): the same confident
+    8-node chain gets budget 8 alone (16 would add nothing) and the root only in a batch of eight."""
+    s = _stepper("cost", budgets=(1, 2, 4, 8, 16), topk=1, steps=8)
+    for bs, secs in ((1, (0.050, 0.052, 0.055, 0.060, 0.070)), (8, (0.100, 0.200, 0.400, 0.800, 1.600))):
+        for n, t in zip(s.budgets, secs):
+            s.cost.observe(bs=bs, num_nodes=n, verify_s=t, passes=1, draft_s=0.0, fixed_s=0.001)
+    s.cost.publish()
+    s.stats.steps = 7
+    s.calibration.prior[: s.calibration.SCORE_BINS] = 0.8
+    chosen = {}
+    for bs in (1, 8):
+        pool = chain_pool(torch.full((bs, 8), 5), torch.full((bs, 8), 0.99))
+        plan = s.begin(list(range(bs)), torch.full((bs,), 3))
+        s.build(plan, pool, torch.full((bs,), 5))
+        chosen[bs] = plan.num_nodes
+    assert chosen == {1: 8, 8: 1}
 
 
 def test_resolved_budgets():

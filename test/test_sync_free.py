@@ -127,7 +127,7 @@ def _stepper(**cfg) -> GraftStepper:
     retrieval.use_ring(8)
     s = GraftStepper(config, retrieval, num_steps=3, topk=2, budgets=(1, 2, 4, 8), device="cpu", sync_free=True)
     for tokens, secs in {1: 0.05, 8: 0.06}.items():
-        s.cost.observe(tokens=tokens, bs=1, verify_s=secs, passes=1, draft_s=0.001, fixed_s=0.001)
+        s.cost.observe(bs=1, num_nodes=tokens, verify_s=secs, passes=1, draft_s=0.001, fixed_s=0.001)
     s.cost.publish()
     s.stats.steps = 7  # past the first (exploring) steps
     return s

@@ -39,57 +39,90 @@ __all__ = ["StepCost", "AcceptanceCalibration", "StepTimer", "expected_tokens", 
 class StepCost:
     """Predicted seconds of a step's phases, learned online.
 
-    ``verify(T)``: target verify forward + acceptance + draft extend for ``T`` verified tokens;
-    ``draft_pass(bs)``: one draft forward pass; ``fixed(bs)``: everything else of a step
-    (retrieval, tree build, SGLang's bookkeeping). Observations update a live table (exponential
-    moving averages per power-of-two bucket); predictions read the published table, which
-    :meth:`publish` refreshes from the live one at steps every rank agrees on, averaged over the
-    tensor-parallel ranks, so every rank makes the same decisions from the same numbers.
+    ``verify_at(bs, N)``: target verify forward + acceptance + draft extend of a batch of ``bs``
+    requests verifying ``N`` nodes each; ``draft_pass(bs)``: one draft forward pass;
+    ``fixed(bs)``: everything else of a step (retrieval, tree build, SGLang's bookkeeping).
+
+    The verify seconds come from two tables. The *token curve* ``verify(T)`` is piecewise linear
+    in the tokens verified ``T = bs * N`` over power-of-two buckets (a GPU's flat-then-linear
+    curve and a CPU's linear one are both represented). It mixes batch shapes: 16 tokens may be
+    one request verifying 16 nodes or 16 requests verifying the root, and on a CPU the second
+    costs about 1.5x the first (every request attends over its own context). So each
+    *batch-size bucket x budget* cell also keeps what that shape cost and the mean batch size it
+    was measured at, and a prediction is the nearest measured cell of the request's batch-size
+    bucket, moved along the token curve to the asked shape.
+
+    Worked example: cell (bs bucket 8, N 1) measured 0.18 s at mean bs 8; the curve says
+    ``verify(8) = 0.15`` and ``verify(10) = 0.17``: ``verify_at(10, 1) = 0.18 * 0.17 / 0.15``.
+
+    Observations update live tables (exponential moving averages); predictions read the published
+    tables, which :meth:`publish` refreshes from the live ones at steps every rank agrees on,
+    averaged over the tensor-parallel ranks, so every rank makes the same decisions from the same
+    numbers.
     """
 
     BUCKETS = 24  # tokens / batch sizes up to 2**23
 
-    def __init__(self, alpha: float = 0.2) -> None:
+    def __init__(self, budgets: Sequence[int] = (), alpha: float = 0.2) -> None:
         self.alpha = alpha
+        self.budgets = tuple(budgets)
         # Host numbers (numpy): rows verify by tokens, draft pass by bs, fixed by bs; columns buckets.
         self._live = np.zeros((3, self.BUCKETS))
         self._live_seen = np.zeros((3, self.BUCKETS))
         self._points_of: list[list[tuple[float, float]]] = [[], [], []]  # published (bucket, seconds)
+        # cells [bs bucket, budget index]: seconds and mean batch size (live), published as a dict
+        shape = (self.BUCKETS, len(self.budgets))
+        self._cell_s, self._cell_bs, self._cell_seen = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        self._cells: dict[tuple[int, int], tuple[float, float]] = {}  # published: (seconds, mean bs)
 
     @classmethod
     def bucket(cls, x: int) -> int:
         return min(cls.BUCKETS - 1, max(0, int(math.log2(max(1, x)))))
 
+    def _ema(self, table: np.ndarray, seen: np.ndarray, index, value: float) -> None:
+        table[index] = value if seen[index] == 0 else (1 - self.alpha) * table[index] + self.alpha * value
+
     def _add(self, row: int, x: int, seconds: float) -> None:
         b = self.bucket(x)
-        if self._live_seen[row, b] == 0:
-            self._live[row, b] = seconds
-        else:
-            self._live[row, b] = (1 - self.alpha) * self._live[row, b] + self.alpha * seconds
+        self._ema(self._live[row], self._live_seen[row], b, seconds)
         self._live_seen[row, b] = 1.0
 
-    def observe(self, *, tokens: int, bs: int, verify_s: float, passes: int, draft_s: float, fixed_s: float) -> None:
-        self._add(0, tokens, verify_s)
+    def observe(self, *, bs: int, num_nodes: int, verify_s: float, passes: int, draft_s: float,
+                fixed_s: float) -> None:
+        self._add(0, bs * num_nodes, verify_s)
+        if num_nodes in self.budgets:
+            cell = (self.bucket(bs), self.budgets.index(num_nodes))
+            self._ema(self._cell_s, self._cell_seen, cell, verify_s)
+            self._ema(self._cell_bs, self._cell_seen, cell, float(bs))
+            self._cell_seen[cell] = 1.0
         if passes:
             self._add(1, bs, draft_s / passes)
         self._add(2, bs, fixed_s)
 
     def publish(self, all_reduce_sum=None) -> None:
-        """Make the live table the one predictions read; with ``all_reduce_sum`` (a collective
+        """Make the live tables the ones predictions read; with ``all_reduce_sum`` (a collective
         summing a CPU tensor in place over the tensor-parallel ranks), the ranks' average."""
-        host = np.stack([self._live * self._live_seen, self._live_seen])
+        parts = [self._live * self._live_seen, self._live_seen, self._cell_s * self._cell_seen,
+                 self._cell_bs * self._cell_seen, self._cell_seen]
+        host = np.concatenate([p.ravel() for p in parts])
         if all_reduce_sum is not None:
             all_reduce_sum(torch.from_numpy(host))  # in place: the tensor shares the host array
-        total, seen = host
+        n = 3 * self.BUCKETS
+        total, seen = host[:n].reshape(3, -1), host[n: 2 * n].reshape(3, -1)
+        cell_s, cell_bs, cell_seen = (host[2 * n:].reshape(3, self.BUCKETS, len(self.budgets))
+                                      if self.budgets else np.zeros((3, self.BUCKETS, 0)))
         self._points_of = [[(b, float(total[r, b] / seen[r, b])) for b in range(self.BUCKETS) if seen[r, b] > 0]
                            for r in range(3)]
+        self._cells = {(b, k): (float(cell_s[b, k] / cell_seen[b, k]), float(cell_bs[b, k] / cell_seen[b, k]))
+                       for b, k in zip(*(i.tolist() for i in np.nonzero(cell_seen)))}
 
     def _points(self, row: int) -> list[tuple[float, float]]:
         return [(2.0 ** b, y) for b, y in self._points_of[row]]
 
-    def verify(self, tokens: int) -> float:
-        """Seconds to verify ``tokens`` (interpolated between published buckets; beyond them,
-        extrapolated linearly from the two nearest, never below the nearest)."""
+    def verify(self, tokens: float) -> float:
+        """The token curve: seconds to verify ``tokens`` in any batch shape (interpolated between
+        published buckets; beyond them, extrapolated linearly from the two nearest, never below
+        the nearest)."""
         pts = self._points(0)
         if not pts:
             return float(tokens)  # no data: proportional to the tokens (explore first)
@@ -103,6 +136,44 @@ class StepCost:
                 return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
         (x0, y0), (x1, y1) = pts[-2], pts[-1]
         return max(y1, y1 + (y1 - y0) * (t - x1) / (x1 - x0))
+
+    def verify_at(self, bs: int, num_nodes: int) -> float:
+        """Seconds to verify ``num_nodes`` per request for ``bs`` requests.
+
+        The cell of ``bs``'s bucket and this budget when measured; else, when another bucket
+        measured this budget and a budget both buckets measured, this bucket's cost of that budget
+        times the other bucket's ratio between the two (the nearest such bucket and budget); else
+        the nearest measured cell of this bucket or of this budget; else the token curve. A cell
+        is moved along the token curve from the batch size it was measured at to ``bs``.
+
+        Example: measured (bs 1, N 16) 0.12 s, (bs 1, N 1) 0.05 s, (bs 8, N 1) 0.15 s at bs 8:
+        ``verify_at(8, 16) = 0.15 * 0.12 / 0.05 = 0.36``.
+        """
+        if num_nodes not in self.budgets:
+            return self.verify(bs * num_nodes)
+        b, k = self.bucket(bs), self.budgets.index(num_nodes)
+        cells = self._cells
+        here = [j for j in range(len(self.budgets)) if (b, j) in cells]  # budgets this bucket measured
+        there = [c for c in range(self.BUCKETS) if (c, k) in cells]  # buckets that measured this budget
+
+        def moved(cell: tuple[int, int]) -> float:  # the cell's seconds at bs, along the curve
+            seconds, cell_bs = cells[cell]
+            return seconds * self.verify(bs * self.budgets[cell[1]]) / max(self.verify(cell_bs * self.budgets[cell[1]]), 1e-12)
+
+        if k in here:
+            return moved((b, k))
+        pairs = [(c, j) for c in there for j in here if (c, j) in cells]
+        if pairs:
+            c, j = min(pairs, key=lambda cj: (abs(cj[0] - b), abs(cj[1] - k), cj[1]))
+            return moved((b, j)) * cells[(c, k)][0] / max(cells[(c, j)][0], 1e-12)
+        if here:
+            j = min(here, key=lambda j: (abs(j - k), j))
+            return moved((b, j)) * self.verify(bs * num_nodes) / max(self.verify(bs * self.budgets[j]), 1e-12)
+        if there:
+            c = min(there, key=lambda c: (abs(c - b), c))
+            seconds, cell_bs = cells[(c, k)]
+            return seconds * self.verify(bs * num_nodes) / max(self.verify(cell_bs * num_nodes), 1e-12)
+        return self.verify(bs * num_nodes)
 
     def _nearest(self, row: int, x: int) -> float:
         pts = self._points_of[row]
@@ -120,11 +191,14 @@ class StepCost:
 
     def step(self, *, bs: int, num_nodes: int, passes: int) -> float:
         """Predicted seconds of a step verifying ``num_nodes`` per request after ``passes`` draft passes."""
-        return self.fixed(bs) + passes * self.draft_pass(bs) + self.verify(bs * num_nodes)
+        return self.fixed(bs) + passes * self.draft_pass(bs) + self.verify_at(bs, num_nodes)
 
     def as_dict(self) -> dict:
         names = ("verify_s_by_tokens", "draft_pass_s_by_bs", "fixed_s_by_bs")
-        return {name: {2 ** b: round(v, 6) for b, v in self._points_of[r]} for r, name in enumerate(names)}
+        out = {name: {2 ** b: round(v, 6) for b, v in self._points_of[r]} for r, name in enumerate(names)}
+        out["verify_s_by_bs_and_budget"] = {f"bs{2 ** b}/N{self.budgets[k]}": round(s, 6)
+                                            for (b, k), (s, _) in sorted(self._cells.items())}
+        return out
 
 
 # -- value ---------------------------------------------------------------------------------------

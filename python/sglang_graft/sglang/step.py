@@ -70,6 +70,7 @@ class StepPlan:
     passes: int = 0  # draft forward passes run
     num_nodes: int = 0  # chosen verify budget
     explore: bool = False
+    explore_k: Optional[int] = None  # exploring steps: the index of the budget this step measures
     planned_passes: Optional[int] = None  # sync-free: draft passes decided before the draft
     expected_rows: Optional[torch.Tensor] = None  # [bs, budgets] expected tokens per budget (cost mode)
     expected: Optional[float] = None  # host: the batch's expected tokens at the chosen budget (not sync-free)
@@ -117,6 +118,7 @@ class GraftStepper:
     """
 
     EXPLORE_EVERY = 32  # one step in this many measures a budget in turn (the cost model's data)
+    PUBLISH_EVERY = 8  # the cost model's published table is refreshed every this many steps
 
     def __init__(self, cfg: GraftConfig, retrieval: GraftRetrieval, num_steps: int, topk: int,
                  budgets: Sequence[int], device, all_reduce_sum=None, sync_free: bool = False) -> None:
@@ -129,7 +131,7 @@ class GraftStepper:
         self.cost_aware = cfg.budget == "cost"
         self.device = device
         self.calibration = AcceptanceCalibration(device)
-        self.cost = StepCost()
+        self.cost = StepCost(self.budgets)
         self.all_reduce_sum = all_reduce_sum  # sums a CPU tensor over the tensor-parallel ranks, or None
         self.timer = StepTimer(device)
         self.stats = StepStats()
@@ -145,7 +147,9 @@ class GraftStepper:
 
     def explore_index(self) -> Optional[int]:
         """The budget this step measures, if it is an exploring step: each budget in turn for the
-        first steps, then one step in ``EXPLORE_EVERY`` (deterministic: the same on every rank)."""
+        first steps, then one step in ``EXPLORE_EVERY`` (deterministic: the same on every rank).
+        A batch size the cost model has not seen measures the budgets it chooses, and the others
+        are predicted from the batch sizes that measured them (``StepCost.verify_at``)."""
         n, step = len(self.budgets), self.stats.steps
         if n < 2:
             return None
@@ -171,12 +175,13 @@ class GraftStepper:
             expected = expected_tokens(values, (self.max_nodes,))[:, 0] - 1.0
             confident = expected >= self.cfg.skip_draft_tokens if self.cost_aware else \
                 torch.zeros(bs, dtype=torch.bool, device=root.device)
-        explore = self.cost_aware and self.explore_index() is not None
+        explore_k = self.explore_index() if self.cost_aware else None
+        explore = explore_k is not None
         self.last_plan = StepPlan(rids=rids, root=root, proposals=proposals, proposal_bins=bins, retrieval_confident=confident,
                         scopes=scopes, exit_depth=torch.full((bs,), self.num_steps - 1, dtype=torch.int64,
                                                              device=root.device),
                         stage=torch.full((bs,), len(self.checkpoints), dtype=torch.int64, device=root.device),
-                        explore=explore)
+                        explore=explore, explore_k=explore_k)
         if self.sync_free:
             self.last_plan.planned_passes = self._planned_passes(explore)
         return self.last_plan
@@ -289,7 +294,7 @@ class GraftStepper:
         secs = [self.cost.step(bs=bs, num_nodes=n, passes=plan.passes) for n in self.budgets]
         expected = None if self.sync_free else plan.expected_rows.sum(0).tolist()  # the one host read
         if plan.explore:
-            k = self.explore_index()
+            k = plan.explore_k
         elif self.sync_free:
             k = self._lagged_budget(bs, secs)
         else:
@@ -343,7 +348,7 @@ class GraftStepper:
         for phases, step in observed:
             if step is not None:
                 b, n, passes = step
-                self.cost.observe(tokens=b * n, bs=b, verify_s=phases["verify"] + phases["draft_extend"],
+                self.cost.observe(bs=b, num_nodes=n, verify_s=phases["verify"] + phases["draft_extend"],
                                   passes=passes, draft_s=phases["draft"],
                                   fixed_s=phases["retrieval"] + phases["tree"] + phases["other"])
         if plan is None:
@@ -352,7 +357,7 @@ class GraftStepper:
         self.stats.draft_passes += plan.passes
         self.stats.skipped_drafts += plan.passes == 0
         self.stats.budget_histogram[plan.num_nodes] += 1
-        if self.stats.steps <= len(self.budgets) or self.stats.steps % self.EXPLORE_EVERY == 1:
+        if self.stats.steps <= len(self.budgets) or self.stats.steps % self.PUBLISH_EVERY == 1:
             # the same steps on every rank: decisions read the published (rank-averaged) table
             self.cost.publish(self.all_reduce_sum)
 
