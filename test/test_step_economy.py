@@ -198,6 +198,22 @@ def test_deeper_drafting_only_while_it_pays():
         assert plan.passes == int(expected)
 
 
+def test_a_deeper_level_is_valued_by_how_sure_the_draft_was_of_the_last():
+    """Two 2-level chains with the same first token: the draft was sure of one's second token
+    (0.95) and unsure of the other's (0.3). One more level is estimated at the beam's path score
+    times its own conditional probability, so only the sure chain drafts on; valuing the child
+    like its beam would draft on for both."""
+    chains = {"sure": 0.95, "unsure": 0.3}
+    decided = {}
+    for name, p in chains.items():
+        s = _stepper("cost", topk=1)
+        _teach_costs(s, {1: 1.0, 8: 1.0}, pass_s=0.1)
+        plan = s.begin(["a"], torch.tensor([3]))
+        pool = chain_pool(torch.tensor([[5, 6]]), torch.tensor([[0.95, p]]))
+        decided[name] = s.keep_drafting(plan, pool)
+    assert decided == {"sure": True, "unsure": False}
+
+
 @pytest.mark.parametrize("keep,kept,deeper", [((0.0, 1.0, 1.0), 0, False), ((2 / 7, 1.0, 1.0), 2, True),
                                               ((1.0, 1.0, 1.0), 3, True)])
 def test_the_pruning_stage_caps_a_cost_aware_draft(keep, kept, deeper):

@@ -237,14 +237,22 @@ class GraftStepper:
         """Would another draft level raise the best expected tokens per second? Never when no
         request is ``alive`` (each is served by a confident retrieval or pruned to the root).
 
-        Optimistic bound of the next level: the ``topk`` beams of the current depth each get one
-        child worth as much as themselves (siblings are exclusive, so a beam's children together
-        are accepted at most as often as the beam). One host read.
+        The next level, estimated: the ``topk`` beams of the current depth each get one child
+        (siblings are exclusive, so a beam's best child stands for all of them), whose draft
+        probability given the beam is taken to be the beam's own given its parent (a draft that
+        was sure of the beam tends to be sure of its child); the child's value is the calibrated
+        probability of that path score, never above the beam's. One host read.
+
+        Example: a beam of path score 0.6 whose parent scored 0.8 (0.75 given the parent) gets a
+        child of path score 0.45, worth the calibrated acceptance of the 0.45 bin.
         """
         bs = len(plan.rids)
         values = self._draft_values(plan, pool)
         now = self._union_values(plan, pool, values)
-        at_depth = torch.where(pool.depths == pool.num_steps - 1, values, 0.0)
+        parent_scores = torch.where(pool.parents >= 0, pool.scores.gather(1, pool.parents.clamp(min=0)), 1.0)
+        given_parent = (pool.scores / parent_scores.clamp(min=1e-12)).clamp(max=1.0)
+        child = self.calibration.probability(self.calibration.draft_bins(pool.scores * given_parent))
+        at_depth = torch.where(pool.depths == pool.num_steps - 1, torch.minimum(child, values), 0.0)
         beams = torch.topk(at_depth, min(self.topk, at_depth.shape[1]), dim=1).values
         later = torch.cat([now, torch.where(alive[:, None], beams, 0.0)], dim=1)
         k = len(self.budgets)
