@@ -46,14 +46,10 @@ class StepCost:
     The verify seconds come from two tables. The *token curve* ``verify(T)`` is piecewise linear
     in the tokens verified ``T = bs * N`` over power-of-two buckets (a GPU's flat-then-linear
     curve and a CPU's linear one are both represented). It mixes batch shapes: 16 tokens may be
-    one request verifying 16 nodes or 16 requests verifying the root, and on a CPU the second
-    costs about 1.5x the first (every request attends over its own context). So each
-    *batch-size bucket x budget* cell also keeps what that shape cost and the mean batch size it
-    was measured at, and a prediction is the nearest measured cell of the request's batch-size
-    bucket, moved along the token curve to the asked shape.
-
-    Worked example: cell (bs bucket 8, N 1) measured 0.18 s at mean bs 8; the curve says
-    ``verify(8) = 0.15`` and ``verify(10) = 0.17``: ``verify_at(10, 1) = 0.18 * 0.17 / 0.15``.
+    one request verifying 16 nodes or 8 requests verifying 2 each, and on a CPU the second costs
+    more (every request attends over its own context: 0.25 s against 0.13 s in one serving run).
+    So each *batch-size bucket x budget* cell also keeps what that shape cost and the mean batch
+    size it was measured at; :meth:`verify_at` reads the cells and falls back to the curve.
 
     Observations update live tables (exponential moving averages); predictions read the published
     tables, which :meth:`publish` refreshes from the live ones at steps every rank agrees on,
@@ -158,7 +154,8 @@ class StepCost:
 
         def moved(cell: tuple[int, int]) -> float:  # the cell's seconds at bs, along the curve
             seconds, cell_bs = cells[cell]
-            return seconds * self.verify(bs * self.budgets[cell[1]]) / max(self.verify(cell_bs * self.budgets[cell[1]]), 1e-12)
+            n = self.budgets[cell[1]]
+            return seconds * self.verify(bs * n) / max(self.verify(cell_bs * n), 1e-12)
 
         if k in here:
             return moved((b, k))
