@@ -97,15 +97,21 @@ def _encode(tokenizer, prompt: str) -> list[int]:
     return tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
 
+def server_args(method: Method, draft: Path | None, dtype: str) -> list[str]:
+    """The server flags of ``method``: its own, the ``--draft`` head unless the method names a head
+    itself (a ``--variant`` comparing heads), and the dtype."""
+    args = list(method.args)
+    if method.needs_draft and "--speculative-draft-model-path" not in args:
+        args += ["--speculative-draft-model-path", str(draft)]
+    return args + ["--dtype", dtype]
+
+
 def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prompts, max_new: int,
                temperature: float, log_dir: Path) -> tuple[dict[str, Cell], dict | None]:
     """Serve ``prompts`` one at a time; per-category cells and GRAFT's step economy (or None)."""
     from local_server import SGLangServer
 
-    args = list(method.args)
-    if method.needs_draft:
-        args += ["--speculative-draft-model-path", str(draft)]
-    args += ["--dtype", dtype]
+    args = server_args(method, draft, dtype)
     cells: dict[str, Cell] = {}
     with SGLangServer(model, args, log_path=log_dir / f"{method.name}.log") as srv:
         srv.generate_ids(prompts[0][2][:8], 4)  # warm-up outside the measurement

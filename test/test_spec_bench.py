@@ -89,3 +89,19 @@ def test_prompt_sets_bench_and_train_are_disjoint():
         assert len(bench) >= 5 and len(train) >= 5, category
         assert not set(bench) & set(train), category
         assert prompt_sets.load(category, "bench", 2) == bench[:2]
+
+
+def test_a_variant_may_name_its_own_draft_head():
+    """``--variant 'old=GRAFT --speculative-draft-model-path OLD'`` serves OLD, not ``--draft``."""
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import spec_bench
+
+    table = spec_bench.methods(6, 4, 16)
+    default = spec_bench.server_args(table["GRAFT"], Path("new-head"), "float32")
+    assert default == ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", "new-head",
+                       "--dtype", "float32"]
+    variant = spec_bench.Method("old", (*table["GRAFT"].args, "--speculative-draft-model-path", "old-head"), 6, True)
+    args = spec_bench.server_args(variant, Path("new-head"), "float32")
+    assert args.count("--speculative-draft-model-path") == 1
+    assert args[args.index("--speculative-draft-model-path") + 1] == "old-head"
+    assert spec_bench.server_args(table["none"], Path("new-head"), "float32") == ["--dtype", "float32"]
