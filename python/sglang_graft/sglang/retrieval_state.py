@@ -298,7 +298,7 @@ class GraftRetrieval:
             depth = torch.zeros(len(template), dtype=torch.int64)
             for d in range(len(offsets) - 1):
                 depth[offsets[d]: offsets[d + 1]] = d + 1
-            self._depth_cache = depth.to(self.device)[None, :]
+            self._depth_cache = depth.to(self.device, non_blocking=True)[None, :]  # as from_host: no stream wait
         return self._depth_cache
 
     # -- after verify ----------------------------------------------------------------------------

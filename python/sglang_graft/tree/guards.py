@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections import Counter
 from contextlib import contextmanager
 from typing import Iterator
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -81,21 +83,100 @@ def forbid_host_sync() -> Iterator[list[str]]:
         yield mode.ops
 
 
-# Tensor methods that hand a tensor's values to Python (on a GPU: wait for the stream, copy back).
+# Tensor methods and torch functions that hand a tensor's values to Python, or size their output
+# by them (on a GPU: wait for the stream, copy back). ``str(t)`` dispatches ``__repr__``;
+# ``np.asarray(t)`` / ``np.array(t)`` dispatch ``__array__``.
 _READ_METHODS = frozenset({"tolist", "item", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__",
-                           "nonzero", "masked_select", "unique", "bincount"})
-_TORCH_DIR = os.path.dirname(torch.__file__)
+                           "__complex__", "__contains__", "__array__", "__format__", "__repr__", "is_nonzero",
+                           "equal", "allclose", "nonzero", "argwhere", "masked_select", "unique",
+                           "unique_consecutive", "bincount"})
+# Frames skipped when charging a read: torch's and numpy's Python code, and this file.
+_SKIPPED_FILES = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(np.__file__) + os.sep,
+                  __file__)
+
+
+def _bool_index(args: tuple, kwargs: dict) -> bool:
+    """``t[mask]`` / ``t[mask] = v``: indexing with a boolean mask (a hidden ``nonzero``)."""
+    index = args[1] if len(args) > 1 else None
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+def _where_indices(args: tuple, kwargs: dict) -> bool:
+    """``torch.where(cond)`` (``nonzero(cond, as_tuple=True)``); ``torch.where(cond, a, b)`` is not a read."""
+    return len(args) + len(kwargs) == 1
+
+
+def _tensor_repeats(args: tuple, kwargs: dict) -> bool:
+    """``repeat_interleave`` with tensor repeats and no ``output_size``: the output size is their sum."""
+    if kwargs.get("output_size") is not None:
+        return False
+    repeats = args[1] if len(args) > 1 else kwargs.get("repeats", args[0] if args else None)
+    return isinstance(repeats, torch.Tensor)
+
+
+def _blocking_to_cpu(args: tuple, kwargs: dict) -> bool:
+    """``t.to("cpu")``, ``t.to(device="cpu")``, ``t.to(torch.device("cpu"), ...)`` without ``non_blocking``.
+
+    Counted whatever ``t``'s device, like ``.cpu()``: on a CPU every tensor is a CPU tensor. So on a
+    CPU machine ``t.to(device)`` counts too; on a GPU that blocking copy waits for the stream in
+    either direction (device to host, or pageable host to device). Not counted: ``non_blocking=True``
+    (enqueued, nothing waits), ``t.to(other)`` (follows ``other``'s device: on a CPU machine nothing
+    tells a host tensor from a device one), dtype-only casts.
+    """
+    if len(args) > 1 and isinstance(args[1], torch.Tensor) or "other" in kwargs:
+        return False
+    try:
+        device, _, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **{k: v for k, v in kwargs.items()
+                                                                           if k != "copy"})
+    except (TypeError, RuntimeError):
+        return False
+    return device is not None and device.type == "cpu" and not non_blocking
+
+
+def _blocking_copy_to_host(args: tuple, kwargs: dict) -> bool:
+    """``dst.copy_(src)`` with ``dst`` on the CPU, ``src`` on another device, and no ``non_blocking``.
+
+    A copy between two CPU tensors is not counted: on a CPU machine host and device buffers are
+    the same kind of tensor, and such a copy nearly always stands for a device-side buffer update.
+    """
+    src = args[1] if len(args) > 1 else kwargs.get("src")
+    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    return (isinstance(src, torch.Tensor) and args[0].device.type == "cpu" and src.device.type != "cpu"
+            and not non_blocking)
+
+
+# Operations that read the host only for some arguments.
+_READ_IF = {"__getitem__": _bool_index, "__setitem__": _bool_index, "where": _where_indices,
+            "repeat_interleave": _tensor_repeats, "to": _blocking_to_cpu, "copy_": _blocking_copy_to_host}
+
+
+def _sync_points() -> list:
+    """(owner, name): the calls that make the host wait for a device (not torch functions)."""
+    owners = (torch.cuda, torch.cpu, getattr(torch, "accelerator", None), torch.cuda.Stream, torch.cuda.Event)
+    return [(o, o.__name__) for o in owners if o is not None and callable(getattr(o, "synchronize", None))]
 
 
 class HostReadCounter(TorchFunctionMode):
     """Counts host reads of tensor values inside its block, by the module that asked for them.
 
-    A read is a method in ``_READ_METHODS`` (``.tolist()``, ``.item()``, ``bool(t)``, ``.cpu()``,
-    ``nonzero``...) or indexing with a boolean mask (a hidden ``nonzero``). Each is charged to the
-    innermost calling module outside torch, so GRAFT's reads (``sglang_graft.*``) are told apart
-    from SGLang's. On a GPU every one of them waits for the stream; on a CPU they are what a GPU
-    would wait for. ``counts``: ``Counter`` of module name -> reads; ``sites``: (module, line,
-    method) -> reads.
+    A read is, in the calling thread:
+
+    * handing values to Python: ``.tolist()``, ``.item()``, ``.numpy()``, ``.cpu()``, ``bool(t)``,
+      ``int(t)``, ``float(t)``, ``x in t``, ``np.asarray(t)`` / ``np.array(t)``, formatting
+      (``repr``, ``str``, f-strings), ``torch.equal``, ``torch.allclose``, ``torch.is_nonzero``;
+    * an output sized by the values: ``nonzero``, ``argwhere``, one-argument ``torch.where``,
+      ``masked_select``, indexing with a boolean mask, ``unique``, ``unique_consecutive``,
+      ``bincount``, ``repeat_interleave`` with tensor repeats and no ``output_size``;
+    * a blocking copy to the host: ``.to("cpu")`` in any spelling (see :func:`_blocking_to_cpu`),
+      ``dst.copy_(src)`` from another device into a CPU tensor (see :func:`_blocking_copy_to_host`);
+    * an explicit wait: ``torch.cuda`` / ``torch.cpu`` / ``torch.accelerator.synchronize()`` and
+      ``synchronize()`` of a CUDA stream or event (wrapped while the counter is active).
+
+    Each is charged to the innermost calling module outside torch and numpy, so GRAFT's reads
+    (``sglang_graft.*``) are told apart from SGLang's. On a GPU every one of them waits for the
+    stream; on a CPU they are what a GPU would wait for. ``counts``: ``Counter`` of module name ->
+    reads; ``sites``: (module, line, operation) -> reads.
 
     Example::
 
@@ -108,24 +189,57 @@ class HostReadCounter(TorchFunctionMode):
         super().__init__()
         self.counts: Counter = Counter()
         self.sites: Counter = Counter()
+        self._depth = 0
+        self._saved: list = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name in _READ_METHODS or (name in ("__getitem__", "__setitem__") and _bool_index(args)):
-            frame = sys._getframe(1)
-            while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
-                frame = frame.f_back
-            module = frame.f_globals.get("__name__", "?") if frame is not None else "?"
-            self.counts[module] += 1
-            self.sites[(module, frame.f_lineno if frame is not None else 0, name)] += 1
-        return func(*args, **(kwargs or {}))
+        if name in _READ_METHODS or (name in _READ_IF and _READ_IF[name](args, kwargs)):
+            self._charge(name)
+        return func(*args, **kwargs)
+
+    def __enter__(self):  # noqa: D105
+        if self._depth == 0:
+            self._wrap_sync_points()
+        self._depth += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):  # noqa: D105
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                for owner, original in reversed(self._saved):
+                    if original is None:
+                        delattr(owner, "synchronize")
+                    else:
+                        setattr(owner, "synchronize", original)
+                self._saved = []
 
     def total(self, prefix: str) -> int:
         """Reads charged to modules whose name starts with ``prefix``."""
         return sum(n for module, n in self.counts.items() if module.startswith(prefix))
 
+    def _charge(self, name: str) -> None:
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED_FILES):
+            frame = frame.f_back
+        module = frame.f_globals.get("__name__", "?") if frame is not None else "?"
+        self.counts[module] += 1
+        self.sites[(module, frame.f_lineno if frame is not None else 0, name)] += 1
 
-def _bool_index(args: tuple) -> bool:
-    index = args[1] if len(args) > 1 else None
-    items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+    def _wrap_sync_points(self) -> None:
+        thread = threading.get_ident()
+        for owner, label in _sync_points():
+            self._saved.append((owner, vars(owner).get("synchronize")))
+            setattr(owner, "synchronize", self._counted(getattr(owner, "synchronize"), f"{label}.synchronize",
+                                                        thread))
+
+    def _counted(self, sync, name: str, thread: int):
+        def synchronize(*args, **kwargs):
+            if threading.get_ident() == thread:
+                self._charge(name)
+            return sync(*args, **kwargs)
+        return synchronize
