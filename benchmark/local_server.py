@@ -1,5 +1,6 @@
 """A local SGLang server for tests and benchmarks: ``python -m sglang.launch_server`` bound to
-127.0.0.1, in its own process group, stopped by PID (the whole group, so no scheduler outlives it)."""
+127.0.0.1, in its own process group, stopped by PID: SIGTERM to the launcher, which stops its
+children, then SIGKILL to whatever is left of the group, so no scheduler outlives it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ CPU_ARGS = ["--device", "cpu", "--dtype", "float32", "--max-total-tokens", "8192
 
 
 PORT_ATTEMPTS = 3
+STOP_TIMEOUT = 60.0  # seconds SGLangServer.stop waits for the launcher's own shutdown
 
 
 class PortTaken(RuntimeError):
@@ -99,19 +101,25 @@ class SGLangServer:
         return "(no log)"
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """Stop the server the way SGLang's launcher expects: SIGTERM to the launcher alone (it
+        drains, sends its scheduler a ShutdownReq, stops its other children and exits 0); a
+        SIGTERM to the whole group instead kills the children first, and the launcher then
+        reports a crash. Whatever of the process group is left after ``STOP_TIMEOUT`` s (or after
+        the launcher exits) is SIGKILLed."""
+        if self.proc is None:
             return
-        pgid = os.getpgid(self.proc.pid)
-        os.killpg(pgid, signal.SIGTERM)
-        try:  # SGLang's own shutdown path sleeps ~10 s after SIGTERM; nothing is in flight here
-            self.proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        try:  # children that outlived the launcher
+        pgid = self.proc.pid  # start_new_session: the launcher leads its own process group
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:  # SGLang checks for the SIGTERM every 5 s, then shuts down: ~10 s in all
+                self.proc.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # children that outlived the launcher, or a launcher that did not stop in time
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        self.proc.wait(timeout=30)
 
     def __enter__(self) -> "SGLangServer":
         return self.start()

@@ -13,11 +13,22 @@ PORT=${PORT:-30000}
 SPEC_ARGS=(--speculative-algorithm GRAFT --speculative-draft-model-path benchmark/models/smollm2-135m-eagle3
            --speculative-num-steps 4 --speculative-eagle-topk 4 --speculative-num-draft-tokens 16)
 echo "serving $MODEL on 127.0.0.1:$PORT with ${SPEC_ARGS[*]}"
-setsid .venv/bin/python -m sglang.launch_server --model-path "$MODEL" --device cpu --dtype float32 \
+# -W: drops the launcher's note that `sglang serve` is the newer entry point for the same server
+setsid .venv/bin/python -W "ignore:'python -m sglang.launch_server' is still supported:UserWarning" \
+  -m sglang.launch_server --model-path "$MODEL" --device cpu --dtype float32 \
   --host 127.0.0.1 --port "$PORT" --max-total-tokens 8192 --sleep-on-idle --skip-server-warmup \
   --log-level warning "${SPEC_ARGS[@]}" &
 PID=$!
-[ "${KEEP:-0}" = 1 ] || trap 'kill -- -$PID 2>/dev/null || true' EXIT
+# Stop by PID: SIGTERM to the launcher alone (SGLang drains, stops its scheduler and detokenizer and
+# exits; a SIGTERM to its whole process group kills the children first and reads as a crash), then
+# SIGKILL whatever is left of the group, after the launcher exits or after 60 s.
+stop_server() {
+  kill -TERM "$PID" 2>/dev/null || true
+  for _ in $(seq 1 120); do kill -0 "$PID" 2>/dev/null || break; sleep 0.5; done
+  kill -KILL -- "-$PID" 2>/dev/null || true
+  wait "$PID" 2>/dev/null || true
+}
+[ "${KEEP:-0}" = 1 ] || trap stop_server EXIT
 for _ in $(seq 1 120); do curl -sf "127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
 curl -s "127.0.0.1:$PORT/generate" -H 'Content-Type: application/json' -d @- <<'JSON' | .venv/bin/python -c '
 import json, sys

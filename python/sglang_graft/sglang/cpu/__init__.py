@@ -64,10 +64,12 @@ def _lm_head_small_batch(original, processor, hidden_states, lm_head, embedding_
 def install_hooks() -> bool:
     """Register the CPU hooks with SGLang's HookRegistry; a no-op unless the stand-in serves."""
     from sglang_graft.sglang import seams
+    from sglang_graft.sglang.cpu import quiet
 
     if not (seams.IS_CPU.resolve()() and standin_active()):
         return False
     seams.register_hook(seams.CPU_BACKEND_FALLBACK, _keep_intel_amx_backend, "AROUND")
     seams.register_hook(seams.CPU_LM_HEAD, _lm_head_small_batch, "AROUND")
+    quiet.raise_nofile_limit()  # as far as SGLang's own set_ulimit would, were the hard limit lower
     logger.info("sglang-graft: CPU support active (pure-torch sgl_kernel stand-in, intel_amx backend kept)")
     return True

@@ -11,6 +11,9 @@ modules import, in every process it spawns, which is earlier than SGLang's plugi
   import time. Our stand-in (pure-torch implementations) is served under that name only when no
   real ``sgl_kernel`` is installed.
 
+It also installs ``quiet``: filters for the warnings SGLang prints on every CPU start that only
+say the machine has no CUDA (see ``quiet.py``); on a CUDA build of torch none of this runs.
+
 Only the CPU profile installs the ``.pth`` file, and the hook stays inert unless torch is a
 CPU build (``+cpu`` local version) or ``SGLANG_GRAFT_CPU=1``; ``SGLANG_GRAFT_CPU=0`` turns it
 off. It imports nothing heavy at start-up: torch is touched only when torchvision is imported.
@@ -96,6 +99,9 @@ def install() -> bool:
         sys.meta_path.insert(0, _TorchvisionSchemaHook())
     if not any(isinstance(f, _SglKernelStandinFinder) for f in sys.meta_path):
         sys.meta_path.append(_SglKernelStandinFinder())
+    from sglang_graft.sglang.cpu import quiet
+
+    quiet.install(active=True)
     return True
 
 
