@@ -29,7 +29,7 @@ from sglang_graft.tree.types import (
 SOURCES = ("sam", "recycle", "auto", "none")
 PLACEMENTS = ("root", "deepest_draft")
 # Who shares a recycling matrix: everybody, requests with the same tenant key
-# (``cache_salt``, else ``extra_key``; a request with neither is alone), or nobody.
+# (``cache_salt``; a request without one is alone), or nobody.
 RECYCLE_SCOPES = ("shared", "tenant", "request")
 # How the verify budget is chosen: per step from measured costs and calibrated node values, or fixed.
 BUDGET_MODES = ("cost", "fixed")
@@ -154,7 +154,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "recycle_k": dict(type=int, help="Successors per vocabulary token in the recycling matrix."),
     "recycle_widths": dict(type=int, nargs="+", help="BFS width template of recycling proposals."),
     "recycle_scope": dict(choices=RECYCLE_SCOPES, help="Who shares a recycling matrix: all requests (shared), "
-                          "requests with the same cache_salt / extra_key (tenant; a request with neither is "
+                          "requests with the same cache_salt (tenant; a request without one is "
                           "alone), or each request alone (request). Learned from verify logits, a shared matrix "
                           "lets one request's proposals depend on another's content."),
     "auto_match_threshold": dict(type=int, help="auto source: suffix match length from which sam is used."),
