@@ -77,6 +77,11 @@ class _DraftRecorder:
 
     def __init__(self, stepper: GraftStepper, plan: Optional[StepPlan], topk: int, first_probs) -> None:
         self.stepper, self.plan, self.topk = stepper, plan, topk
+        # A chain draft on CUDA plans the iteration's whole KV write window, N slots past each
+        # request's length, before drafting; verify then reads N slots. Only a server with one
+        # budget knows this step's N then: with several, the window is left to verify (the path
+        # SGLang takes for trees and for chains with N <= num_steps).
+        self.plan_window = len(stepper.budgets) == 1
         self.lists: tuple[list, list, list] = ([], [], [])
         self.chain_tokens: list[torch.Tensor] = []
         self.chain_probs: list[torch.Tensor] = [first_probs] if first_probs is not None else []
@@ -93,6 +98,8 @@ class _DraftRecorder:
 
     def prepare(self, prepare: Callable) -> Callable:
         def recorded(*args, **kwargs):
+            if not self.plan_window:
+                kwargs["num_draft_tokens"] = None
             out = prepare(*args, **kwargs)
             self.kv_loc_plan = out[2]
             return out

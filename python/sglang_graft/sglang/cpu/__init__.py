@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -61,6 +62,23 @@ def _lm_head_small_batch(original, processor, hidden_states, lm_head, embedding_
     return torch.matmul(weight, hidden_states.to(weight.dtype).T).T.contiguous()
 
 
+# Test mode: take SGLang's CUDA-only branches of the speculative step that need no CUDA.
+CUDA_BRANCHES_ENV = "SGLANG_GRAFT_CPU_CUDA_BRANCHES"
+
+
+def take_cuda_branches() -> None:
+    """Make SGLang's speculative step take its CUDA branches where they need no CUDA device, so
+    that a CPU executes them. Today one: the chain draft's KV write window
+    (``eagle_worker_common.prepare_for_draft`` plans the ``N`` slots that draft, verify and draft
+    extend write, in one launch, and hands verify the plan). The other ``is_cpu`` branches on the
+    step's path need a GPU or a CUDA-layout attention backend (see the README's GPU section)."""
+    from sglang_graft.sglang import seams
+
+    setattr(seams.CHAIN_WINDOW_IS_CPU.resolve_owner(), seams.CHAIN_WINDOW_IS_CPU.name, False)
+    logger.warning("sglang-graft: %s=1, SGLang's CUDA branch of the chain KV write window runs on this CPU",
+                   CUDA_BRANCHES_ENV)
+
+
 def install_hooks() -> bool:
     """Register the CPU hooks with SGLang's HookRegistry; a no-op unless the stand-in serves."""
     from sglang_graft.sglang import seams
@@ -70,6 +88,8 @@ def install_hooks() -> bool:
         return False
     seams.register_hook(seams.CPU_BACKEND_FALLBACK, _keep_intel_amx_backend, "AROUND")
     seams.register_hook(seams.CPU_LM_HEAD, _lm_head_small_batch, "AROUND")
+    if os.environ.get(CUDA_BRANCHES_ENV) == "1":
+        take_cuda_branches()
     quiet.raise_nofile_limit()  # as far as SGLang's own set_ulimit would, were the hard limit lower
     logger.info("sglang-graft: CPU support active (pure-torch sgl_kernel stand-in, intel_amx backend kept)")
     return True
