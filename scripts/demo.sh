@@ -12,12 +12,13 @@ MODEL=$(.venv/bin/python benchmark/models/build_smollm2.py | tail -1)
 PORT=${PORT:-30000}
 SPEC_ARGS=(--speculative-algorithm GRAFT --speculative-draft-model-path benchmark/models/smollm2-135m-eagle3
            --speculative-num-steps 4 --speculative-eagle-topk 4 --speculative-num-draft-tokens 16)
-echo "serving $MODEL on 127.0.0.1:$PORT with ${SPEC_ARGS[*]}"
+LOG=${LOG:-.venv/demo-server.log}  # the server's own output (load progress, warnings, its stop)
+echo "serving $MODEL on 127.0.0.1:$PORT with ${SPEC_ARGS[*]} (server log: $LOG)"
 # -W: drops the launcher's note that `sglang serve` is the newer entry point for the same server
 setsid .venv/bin/python -W "ignore:'python -m sglang.launch_server' is still supported:UserWarning" \
   -m sglang.launch_server --model-path "$MODEL" --device cpu --dtype float32 \
   --host 127.0.0.1 --port "$PORT" --max-total-tokens 8192 --sleep-on-idle --skip-server-warmup \
-  --log-level warning "${SPEC_ARGS[@]}" &
+  --log-level warning "${SPEC_ARGS[@]}" >"$LOG" 2>&1 &
 PID=$!
 # Stop by PID: SIGTERM to the launcher alone (SGLang drains, stops its scheduler and detokenizer and
 # exits; a SIGTERM to its whole process group kills the children first and reads as a crash), then
@@ -29,7 +30,13 @@ stop_server() {
   wait "$PID" 2>/dev/null || true
 }
 [ "${KEEP:-0}" = 1 ] || trap stop_server EXIT
-for _ in $(seq 1 120); do curl -sf "127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
+up=0
+for _ in $(seq 1 240); do
+  curl -sf "127.0.0.1:$PORT/health" >/dev/null && { up=1; break; }
+  kill -0 "$PID" 2>/dev/null || break
+  sleep 1
+done
+if [ "$up" != 1 ]; then echo "the server did not come up; the end of $LOG:" >&2; tail -n 30 "$LOG" >&2; exit 1; fi
 curl -s "127.0.0.1:$PORT/generate" -H 'Content-Type: application/json' -d @- <<'JSON' | .venv/bin/python -c '
 import json, sys
 r = json.load(sys.stdin)
