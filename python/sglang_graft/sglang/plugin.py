@@ -5,9 +5,10 @@ from __future__ import annotations
 
 def register() -> None:
     """Register ``--speculative-algorithm GRAFT``, its flags and hooks, and CPU support on CPU."""
-    from sglang_graft.sglang import algorithm, cpu, hooks
+    from sglang_graft.sglang import algorithm, cpu, hooks, host_reads
 
     algorithm.register_algorithm()
     algorithm.register_hooks()
     hooks.register()
+    host_reads.register()
     cpu.install_hooks()
