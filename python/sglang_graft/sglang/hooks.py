@@ -2,15 +2,18 @@
 
 Scheduler side: free a request's retrieval state with its KV, add GRAFT's counters to
 ``/server_info``. HTTP / tokenizer side: wait for the HTTP server before SGLang's post-start ``/freeze_gc`` call, reject inputs that would take the scheduler down with a
-400 (a prompt that tokenizes to nothing, token ids outside the vocabulary), and report GRAFT's
-per-step counts as per-request totals unless ``--speculative-graft-per-step-metrics`` is on.
+400 (a prompt that tokenizes to nothing, token ids outside the vocabulary, a
+``top_logprobs_num`` above the vocabulary size or a negative one, a ``logprob_start_len`` below
+-1), and report GRAFT's per-step counts as per-request totals unless ``--speculative-graft-per-step-metrics`` is on.
 """
 
 from __future__ import annotations
 
+import operator
 import socket
 import time
 from collections import Counter
+from typing import Optional
 from urllib.parse import urlsplit
 
 from sglang_graft.sglang import seams
@@ -60,9 +63,51 @@ def check_input_ids(input_ids, vocab_size: int) -> None:
         raise ValueError(f"input_ids contains out-of-vocabulary token id {bad}; valid range is [0, {vocab_size}).")
 
 
+def _each(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _integer(value, field: str, low: int, high: Optional[int], what: str) -> None:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < low or (high is not None and number > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{field} must be an integer {bound} ({what}), got {value!r}.")
+
+
+def check_logprob_request(obj, vocab_size: int) -> None:
+    """Raise ``ValueError`` (HTTP 400) for logprob counts the scheduler would die on.
+
+    * ``top_logprobs_num`` (``logprobs`` / ``top_logprobs`` on the OpenAI routes) in
+      ``[0, vocab_size]``: the scheduler takes the top-k of the batch's largest value over the
+      vocabulary (``RuntimeError: selected index k out of range`` above it), for every request of
+      a batch that returns logprobs, so it is checked even where this request returns none;
+    * ``logprob_start_len`` -1 (the default) or ``>= 0`` where logprobs are returned (below -1 the
+      scheduler fails an assertion on the input logprobs). A start past the prompt is already a 400
+      from SGLang's scheduler, and ``token_ids_logprob`` is checked against the vocabulary by
+      SGLang's own validation.
+
+    A batch request reaches this one sub-request at a time; list values are checked item by item.
+    """
+    for k in _each(getattr(obj, "top_logprobs_num", None)):
+        if k is not None:
+            _integer(k, "top_logprobs_num", 0, vocab_size, "at most the vocabulary size")
+    if not any(_each(getattr(obj, "return_logprob", False))):
+        return
+    for start in _each(getattr(obj, "logprob_start_len", None)):
+        if start is not None and start != -1:
+            _integer(start, "logprob_start_len", 0, None, "or -1 for the default")
+
+
 def _validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     """BEFORE ``TokenizerManager._validate_one_request``."""
-    check_input_ids(input_ids, tokenizer_manager.model_config.vocab_size)
+    vocab_size = tokenizer_manager.model_config.vocab_size
+    check_input_ids(input_ids, vocab_size)
+    check_logprob_request(obj, vocab_size)
     return None
 
 
