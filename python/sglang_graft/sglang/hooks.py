@@ -75,7 +75,7 @@ def _integer(value, field: str, low: int, high: Optional[int], what: str) -> Non
     except TypeError:
         number = None
     if number is None or number < low or (high is not None and number > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{field} must be an integer {bound} ({what}), got {value!r}.")
 
 
