@@ -13,9 +13,20 @@ head, float32), one of each for the whole module (``graft_server``, ``plain_serv
    where SGLang's EAGLE-family radix key says so (the exact rule in
    :func:`test_multi_turn_prefix_cache_reuse_matches_no_speculation`); and no token GRAFT committed
    past a stop string reaches the radix tree.
+3. The end of the context: every request a plain server answers, GRAFT answers the same (HTTP code,
+   token-identical greedy output, finish reason), alone and batched: prompts up to the longest SGLang
+   admits, with and without ``max_new_tokens``, generations that run into the context's end. Before
+   the fix, such requests killed the scheduler (each speculative step reserves
+   ``2 * max(steps * topk, N)`` KV slots past the committed length, more than a request's
+   ``req_to_token`` row holds past the context: an ``IndexError`` in the CPU ``assign_req_to_token_pool``)
+   and prompts a plain server serves got a 400 (SGLang takes ``max(steps * topk, N)`` tokens off an
+   EAGLE request's context). Checked on ``graft_server`` and on GRAFT's default shape (steps 6, topk 4,
+   N 16: the largest reserve) with the fixed budget (16 nodes every step) and the sync-free step.
 """
 
 from __future__ import annotations
+
+import concurrent.futures as cf
 
 import pytest
 import requests
@@ -298,3 +309,62 @@ def test_multi_turn_prefix_cache_reuse_matches_no_speculation(graft_server, plai
         assert hits["graft"] == n_prompt + n_out - (1 if g["committed"] > n_out else 2), where
         past_stop += g["committed"] - 1 > n_out
     assert past_stop >= 1, [(g["conv"], g["turn"], g["committed"], len(g["output_ids"])) for g in stopped]
+
+
+# -- 3. the end of the context -------------------------------------------------------------------
+# (prompt tokens, max_new_tokens or None for SGLang's default of 128); the tiny Llama's context is
+# 2048 tokens, SGLang admits prompts of up to 2042 (context - 6) and prompt + max_new_tokens < 2048
+EDGE_CASES = [(1990, 34), (1900, 124), (2023, None), (1990, None), (2040, None), (2041, None), (2043, None),
+              (2046, None), (2000, 46), (2000, 60), (600, None)]
+EDGE_CODES = [200, 200, 200, 200, 200, 200, 400, 400, 200, 400, 200]
+
+
+def _edge_prompt(n: int) -> list[int]:
+    """A prompt with repeats, so that retrieval grafts long chains."""
+    return [10 + (i * 7) % 97 for i in range(n)]
+
+
+def _edge_ask(srv, n: int, max_new) -> tuple:
+    params = {"temperature": 0} if max_new is None else {"temperature": 0, "max_new_tokens": max_new}
+    r = _post(srv, {"input_ids": _edge_prompt(n), "sampling_params": params})
+    if r.status_code != 200:
+        return r.status_code, None, None
+    body = r.json()
+    return 200, body["output_ids"], body["meta_info"]["finish_reason"]
+
+
+def _edge_answers(srv) -> tuple[list, list]:
+    """Every case's answer, first one at a time, then all at once."""
+    alone = [_edge_ask(srv, n, m) for n, m in EDGE_CASES]
+    with cf.ThreadPoolExecutor(len(EDGE_CASES)) as pool:
+        together = list(pool.map(lambda case: _edge_ask(srv, *case), EDGE_CASES))
+    assert _healthy(srv)
+    return alone, together
+
+
+@pytest.fixture(scope="module")
+def plain_edge_answers(plain_server):
+    alone, together = _edge_answers(plain_server)
+    assert alone == together, "the plain server's greedy answers changed with batching"
+    assert [code for code, _, _ in alone] == EDGE_CODES
+    assert sum(1 for _, _, reason in alone if reason and reason["type"] == "length") >= 5
+    return alone
+
+
+def _check_edge(name, plain, alone, together) -> None:
+    for case, ref, got_alone, got_together in zip(EDGE_CASES, plain, alone, together):
+        assert got_alone == ref, f"{name}, prompt {case[0]} + max_new_tokens {case[1]}: {got_alone[0]} vs {ref[0]}"
+        assert got_together == ref, f"{name}, batched, prompt {case[0]} + max_new_tokens {case[1]}"
+
+
+@pytest.mark.server
+def test_context_edge_answers_match_no_speculation(graft_server, plain_edge_answers):
+    _check_edge("graft", plain_edge_answers, *_edge_answers(graft_server))
+
+
+@pytest.mark.server
+def test_context_edge_with_the_default_shape_fixed_budget_and_sync_free(tiny_models, server_logs, plain_edge_answers):
+    args = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
+            "--max-running-requests", "16", "--speculative-graft-budget", "fixed", "--speculative-graft-sync-free", "on"]
+    with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "request-edges-context.log") as srv:
+        _check_edge("graft defaults, fixed, sync-free", plain_edge_answers, *_edge_answers(srv))

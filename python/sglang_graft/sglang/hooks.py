@@ -1,14 +1,19 @@
 """GRAFT's hooks on SGLang functions (through HookRegistry, see :mod:`seams`).
 
 Scheduler side: free a request's retrieval state with its KV, add GRAFT's counters to
-``/server_info``. HTTP / tokenizer side: wait for the HTTP server before SGLang's post-start ``/freeze_gc`` call, reject inputs that would take the scheduler down with a
-400 (a prompt that tokenizes to nothing, token ids outside the vocabulary, a
+``/server_info``; at the end of the context, size each request's ``req_to_token`` row for the
+speculative KV reserve and keep every forward's positions inside the context. HTTP / tokenizer
+side: wait for the HTTP server before SGLang's post-start ``/freeze_gc`` call; admit every request
+a plain server admits (no tokens taken off the context); reject inputs that would take the
+scheduler down with a 400 (a prompt that tokenizes to nothing, token ids outside the vocabulary, a
 ``top_logprobs_num`` above the vocabulary size or a negative one, a ``logprob_start_len`` below
--1), and report GRAFT's per-step counts as per-request totals unless ``--speculative-graft-per-step-metrics`` is on.
+-1); report GRAFT's per-step counts as per-request totals unless
+``--speculative-graft-per-step-metrics`` is on, and SGLang's proposed-draft count and accept rate
+as the nodes GRAFT verified.
 """
-
 from __future__ import annotations
 
+import functools
 import operator
 import socket
 import time
@@ -20,7 +25,7 @@ from sglang_graft.sglang import seams
 
 # Keys the worker emits per verify step (``customized_info``); the tokenizer side turns them into
 # totals. Kept in SGLang's per-request accumulator under a prefix, out of meta_info.
-STEP_KEYS = ("graft_stage", "graft_draft_accepted", "graft_retrieved_accepted", "graft_verify")
+STEP_KEYS = ("graft_stage", "graft_draft_accepted", "graft_retrieved_accepted", "graft_proposed", "graft_verify")
 _ACC = "graft_steps:"
 
 
@@ -115,14 +120,15 @@ def aggregate_steps(steps: dict) -> dict:
     """Per-request totals of GRAFT's per-step lists (what responses carry by default).
 
     Example: ``{"graft_stage": [0, 2, 2], "graft_draft_accepted": [1, 0, 3],
-    "graft_retrieved_accepted": [0, 4, 0], "graft_verify": ["greedy"] * 3}`` gives
-    ``{"graft_draft_accepted": 4, "graft_retrieved_accepted": 4, "graft_stage_histogram": [1, 0, 2],
-    "graft_verify": "greedy"}``.
+    "graft_retrieved_accepted": [0, 4, 0], "graft_proposed": [3, 15, 7], "graft_verify": ["greedy"] * 3}``
+    gives ``{"graft_draft_accepted": 4, "graft_retrieved_accepted": 4, "graft_proposed": 25,
+    "graft_stage_histogram": [1, 0, 2], "graft_verify": "greedy"}``.
     """
     stages = Counter(steps.get("graft_stage", []))
     out = {
         "graft_draft_accepted": int(sum(steps.get("graft_draft_accepted", []))),
         "graft_retrieved_accepted": int(sum(steps.get("graft_retrieved_accepted", []))),
+        "graft_proposed": int(sum(steps.get("graft_proposed", []))),
         "graft_stage_histogram": [stages.get(s, 0) for s in range(max(stages, default=-1) + 1)],
     }
     modes = steps.get("graft_verify", [])
@@ -173,9 +179,92 @@ def _freeze_gc_when_listening(original, server_args, *args, **kwargs):
     return original(server_args, *args, **kwargs)
 
 
+@functools.cache
+def _get_spec():
+    return seams.SPEC_CONFIG.resolve()
+
+
+def _serving_graft() -> bool:
+    """Whether this process serves ``--speculative-algorithm GRAFT`` (the hooks below are
+    registered in every process the plugin loads in)."""
+    return _get_spec()().speculative_algorithm == "GRAFT"
+
+
+def _rows_hold_the_reserve(result, *args, **kwargs):
+    """AFTER ``get_req_to_token_extra_context_len``: under GRAFT a request's ``req_to_token`` row
+    holds the KV a decode step reserves past the committed length.
+
+    SGLang sizes the row ``context_len + 4 + N`` at page size 1, but each speculative decode step
+    reserves ``2 * max(num_steps * topk, N)`` slots past ``kv_committed_len`` (the defaults: 48
+    against 20). An unfinished request has committed at most ``context_len - 2`` tokens, so a
+    ``context_len + reserve`` row always holds the step: near the context edge the reserve no
+    longer writes past its row (on a CPU an ``IndexError`` in the scheduler, on CUDA a silent write
+    into the next request's row)."""
+    if not _serving_graft():
+        return result
+    return max(result, seams.DECODE_RESERVE.resolve()())
+
+
+def _no_reserved_tokens(result, *args, **kwargs):
+    """AFTER ``compute_num_reserved_tokens``: under GRAFT a request may use the whole context, as
+    without speculation. SGLang takes ``max(num_steps * topk, N)`` tokens (24 by default) off every
+    EAGLE request's context because EAGLE's draft and verify positions may run past it; GRAFT
+    clips each request's tree to the positions inside the context instead (``context_room`` in the
+    draft worker), and its rows hold the KV reserve (:func:`_rows_hold_the_reserve`)."""
+    if not _serving_graft():
+        return result
+    return 0
+
+
+def _positions_inside_the_context(model_runner, forward_batch, *args, **kwargs):
+    """BEFORE ``ModelRunner.forward`` (target and draft): under GRAFT no position reaches past the
+    context: positions are clamped, in place on the device, to ``context_len - 1``.
+
+    Near the context edge a tree's deeper nodes (and the draft passes and draft extend that serve
+    them) would sit at positions past the model's rotary table (an ``IndexError`` on a CPU, an
+    out-of-bounds read on CUDA). Clamping is lossless: a request never holds more than
+    ``context_len - 1`` tokens (SGLang caps ``max_new_tokens`` so), so a node at position
+    ``context_len - 1`` or beyond can neither be committed nor decide a committed token; the tree
+    mask keeps it from every node above it. Worked example, context 2048, a request at 2040
+    tokens verifying a 12-deep chain: nodes at 2040..2047 are computed as usual, the four at
+    2048..2051 run at 2047 and only their own (never committed) outputs change. A no-op everywhere
+    else (one ``clamp_`` per forward)."""
+    if not _serving_graft():
+        return None
+    positions = getattr(forward_batch, "positions", None)
+    if positions is not None and positions.numel():
+        positions.clamp_(max=model_runner.model_config.context_len - 1)
+    return None
+
+
+def _spec_metrics_as_verified(result, tokenizer_manager, meta_info, *args, **kwargs):
+    """AFTER ``TokenizerManager._calculate_spec_decoding_metrics``: SGLang counts a request's
+    proposed drafts as ``verify steps x (N - 1)`` for the largest ``N``; GRAFT verifies a tree of
+    its own size each step. Worked example: 118 steps at ``N`` 16, 97 of which verified the root
+    alone: SGLang reports 118 x 15 = 1770 proposed; ``graft_proposed`` counts the nodes verified
+    past the root. ``spec_num_proposed_drafts`` and ``spec_accept_rate`` then come from it; where
+    responses carry no per-request counts (the sync-free step) the two fields are left out rather
+    than reported wrong."""
+    if not _serving_graft() or "spec_num_proposed_drafts" not in meta_info:
+        return result
+    proposed = meta_info.get("graft_proposed")
+    if proposed is None:
+        meta_info.pop("spec_num_proposed_drafts", None)
+        meta_info.pop("spec_accept_rate", None)
+        return result
+    meta_info["spec_num_proposed_drafts"] = proposed
+    correct = meta_info.get("spec_num_correct_drafts", 0)
+    meta_info["spec_accept_rate"] = correct / proposed if proposed else 0.0
+    return result
+
+
 def register() -> None:
     seams.register_hook(seams.RELEASE_KV_CACHE, _free_request_state, "AFTER")
     seams.register_hook(seams.SERVER_INFO, _add_server_info, "AFTER")
     seams.register_hook(seams.VALIDATE_REQUEST, _validate_request, "BEFORE")
     seams.register_hook(seams.UPDATE_META_INFO, _update_meta_info, "AROUND")
     seams.register_hook(seams.FREEZE_GC, _freeze_gc_when_listening, "AROUND")
+    seams.register_hook(seams.ROW_HEADROOM, _rows_hold_the_reserve, "AFTER")
+    seams.register_hook(seams.RESERVED_TOKENS, _no_reserved_tokens, "AFTER")
+    seams.register_hook(seams.MODEL_FORWARD, _positions_inside_the_context, "BEFORE")
+    seams.register_hook(seams.SPEC_METRICS, _spec_metrics_as_verified, "AFTER")

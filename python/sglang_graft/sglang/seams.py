@@ -100,6 +100,9 @@ TREE_SAMPLING = Seam(f"{_SW}.eagle_utils.tree_speculative_sampling_target_only",
 TOP_K_RENORM = Seam(f"{_SW}.eagle_utils.top_k_renorm_prob", "renormalise top-k target probabilities on CPU")
 TOP_P_RENORM = Seam(f"{_SW}.eagle_utils.top_p_renorm_prob", "renormalise top-p target probabilities on CPU")
 
+CHAIN_WINDOW_IS_CPU = Seam(f"{_SW}.eagle_worker_common._is_cpu",
+                           "take SGLang's CUDA branch of the chain KV write window on a CPU (a test mode of the "
+                           "CPU support: SGLANG_GRAFT_CPU_CUDA_BRANCHES=1)")
 SELECT_TOP_K = Seam(f"{_SW}.eagle_worker_v2.select_top_k_tokens",
                     "record each draft level as it is drafted (to stop drafting where no request needs more)")
 SELECT_LATER = Seam(f"{_SW}.spec_utils._select_top_k_tokens_later",
@@ -133,8 +136,23 @@ CPU_LM_HEAD = Seam("sglang.srt.layers.logits_processor.LogitsProcessor._compute_
 LM_HEAD_USES_QUANT_METHOD = Seam("sglang.srt.layers.logits_processor.should_apply_lm_head_quant_method",
                                  "tell the plain lm_head matmul branch from the others")
 USES_AMX = Seam("sglang.srt.utils.common.use_intel_amx_backend", "tell the plain lm_head matmul branch from AMX's")
+ROW_HEADROOM = Seam("sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
+                    "size each request's req_to_token row for the speculative KV reserve (no write past the row "
+                    "at the context edge)")
+DECODE_RESERVE = Seam("sglang.srt.mem_cache.allocation_sizing.get_alloc_reserve_per_decode",
+                      "read the KV a speculative decode step reserves per request")
+RESERVED_TOKENS = Seam("sglang.srt.managers.utils.compute_num_reserved_tokens",
+                       "admit every request a plain server admits (GRAFT keeps its trees inside the context)")
+MODEL_FORWARD = Seam("sglang.srt.model_executor.model_runner.ModelRunner.forward",
+                     "keep every tree node's position inside the model's context (rotary tables end there)")
+SPEC_METRICS = Seam("sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
+                    "count a request's proposed drafts as the nodes GRAFT verified, not steps x (largest N - 1)")
+SPEC_CONFIG = Seam("sglang.srt.runtime_context.get_spec", "tell whether this server runs GRAFT")
 HOOKS_APPLIED = Seam("sglang.srt.plugins.hook_registry.HookRegistry._patched",
                      "check that every GRAFT hook was applied")
+EAGLE_FORWARD = Seam(f"{_SW}.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
+                     "count the host reads of SGLang's own EAGLE steps (SGLANG_GRAFT_COUNT_HOST_READS=1), "
+                     "which bound those GRAFT causes in SGLang's code")
 
 # -- overrides: SGLang methods GRAFT's worker classes override ---------------------------------------
 PREFILL_BATCH = Seam(f"{_SW}.eagle_worker_v2.EAGLEWorkerV2._forward_prefill_batch",
@@ -262,8 +280,10 @@ def request_tokens(req: Any):
 
 
 def request_tenant(req: Any) -> Optional[str]:
-    """A request's tenant key for recycling scopes: ``cache_salt``, else ``extra_key``."""
-    return getattr(req, "cache_salt", None) or getattr(req, "extra_key", None)
+    """A request's tenant key for recycling scopes: its ``cache_salt`` (client-chosen; a deployment
+    sets it at its gateway). Not ``extra_key``: SGLang folds the LoRA adapter id into it
+    (``Req.__init__``), so every user of one adapter would share a matrix."""
+    return getattr(req, "cache_salt", None) or None
 
 
 def server_args_attr(server_args: Any, seam: Seam, default: Any = None) -> Any:
