@@ -135,6 +135,19 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     assert graft["live_stores"] == 0
 
 
+def _check_proposed_counts(outs, max_nodes: int) -> None:
+    """SGLang's proposed-draft count and accept rate are the nodes GRAFT verified past the root."""
+    smaller = 0
+    for o in outs:
+        m = o["meta_info"]
+        proposed, steps = m["graft_proposed"], m["spec_verify_ct"]
+        assert m["spec_num_proposed_drafts"] == proposed <= steps * (max_nodes - 1), m
+        assert m["spec_accept_rate"] == pytest.approx(m["spec_num_correct_drafts"] / proposed if proposed else 0.0)
+        assert m["spec_num_correct_drafts"] == m["graft_draft_accepted"] + m["graft_retrieved_accepted"], m
+        smaller += proposed < steps * (max_nodes - 1)
+    assert smaller > 0  # some tree was smaller than the largest budget (pruned, or a smaller N chosen)
+
+
 @pytest.mark.parametrize("mode,extra", [
     ("chain", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]),
     ("chain-grafted", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
@@ -146,11 +159,17 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     ("chain-sync-free", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
                          "--speculative-graft-thresholds", "0", "0.5", "0.5", "--speculative-graft-sync-free", "on"]),
     ("recycle", ["--speculative-graft-source", "recycle", "--speculative-graft-tp-check", "1"]),
+    # SGLang's CUDA branch of the chain KV write window, taken on this CPU: planned before the draft
+    # for N slots; cost-aware steps choose N after it (the window is left to verify), fixed ones before
+    ("chain-cuda-window", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12"]),
+    ("chain-cuda-window-fixed", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
+                                 "--speculative-graft-budget", "fixed"]),
 ])
 def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extra):
     ids, ref = reference
+    env = {**COUNT_READS, **({"SGLANG_GRAFT_CPU_CUDA_BRANCHES": "1"} if "cuda-window" in mode else {})}
     with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, *extra),
-                      log_path=server_logs / f"graft-{mode}.log", env=COUNT_READS) as srv:
+                      log_path=server_logs / f"graft-{mode}.log", env=env) as srv:
         outs = _run_all(srv, ids)
         graft = _server_info(srv)["graft"]
     assert [o["output_ids"] for o in outs] == ref
@@ -158,7 +177,11 @@ def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extr
     if mode == "chain-sync-free":
         assert graft["host_reads"]["graft"] == 0, graft["host_reads"]["graft_sites"]
         assert graft["accepted_retrieved_tokens"] > 0
-        return  # no per-request counts in sync-free responses
+        # no per-request counts in sync-free responses: SGLang's largest-N estimate is left out
+        assert all("spec_accept_rate" not in o["meta_info"] for o in outs)
+        return
+    _check_proposed_counts(outs, max_nodes=int(extra[extra.index("--speculative-num-draft-tokens") + 1])
+                           if "--speculative-num-draft-tokens" in extra else 8)
     drafted = sum(o["meta_info"]["graft_draft_accepted"] for o in outs)
     retrieved = sum(o["meta_info"]["graft_retrieved_accepted"] for o in outs)
     if mode == "retrieval-only":

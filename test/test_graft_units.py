@@ -136,11 +136,29 @@ def test_input_ids_checked_against_the_vocabulary(ids, ok):
 
 def test_per_step_counts_aggregate_per_request():
     steps = {"graft_stage": [0, 2, 2], "graft_draft_accepted": [1, 0, 3], "graft_retrieved_accepted": [0, 4, 0],
-             "graft_verify": ["greedy"] * 3}
+             "graft_proposed": [3, 15, 7], "graft_verify": ["greedy"] * 3}
     assert hooks.aggregate_steps(steps) == {"graft_draft_accepted": 4, "graft_retrieved_accepted": 4,
-                                            "graft_stage_histogram": [1, 0, 2], "graft_verify": "greedy"}
+                                            "graft_proposed": 25, "graft_stage_histogram": [1, 0, 2],
+                                            "graft_verify": "greedy"}
     assert hooks.aggregate_steps({}) == {"graft_draft_accepted": 0, "graft_retrieved_accepted": 0,
-                                         "graft_stage_histogram": []}
+                                         "graft_proposed": 0, "graft_stage_histogram": []}
+
+
+def test_spec_metrics_count_the_nodes_verified(monkeypatch):
+    """SGLang's largest-N estimate of proposed drafts is replaced by GRAFT's count; without one
+    (sync-free responses) the estimate is dropped."""
+    monkeypatch.setattr(hooks, "_serving_graft", lambda: True)
+    meta = {"spec_num_proposed_drafts": 118 * 15, "spec_accept_rate": 27 / 1770, "spec_num_correct_drafts": 27,
+            "graft_proposed": 60}
+    hooks._spec_metrics_as_verified(None, None, meta)
+    assert meta["spec_num_proposed_drafts"] == 60 and meta["spec_accept_rate"] == pytest.approx(27 / 60)
+    meta = {"spec_num_proposed_drafts": 1770, "spec_accept_rate": 0.01, "spec_num_correct_drafts": 27}
+    hooks._spec_metrics_as_verified(None, None, meta)
+    assert "spec_num_proposed_drafts" not in meta and "spec_accept_rate" not in meta
+    monkeypatch.setattr(hooks, "_serving_graft", lambda: False)
+    meta = {"spec_num_proposed_drafts": 1770, "spec_accept_rate": 0.01}
+    hooks._spec_metrics_as_verified(None, None, meta)
+    assert meta["spec_num_proposed_drafts"] == 1770
 
 
 def test_renorm_adapters_match_the_reference():
@@ -177,3 +195,20 @@ def test_cpu_sampling_verify_writes_the_reference_result_in_place():
         uniform_samples_for_final_sampling=final, target_probs=probs, draft_probs=torch.zeros_like(probs))
     assert torch.equal(predicts.long(), ref[0].long()) and torch.equal(accept_index.long(), ref[1].long())
     assert torch.equal(accept_num.long(), ref[2].long())
+
+
+def test_positions_past_the_context_are_clamped_in_place(monkeypatch):
+    """Under GRAFT a forward's positions never pass ``context_len - 1`` (the rotary table's end for
+    most models); positions inside the context are untouched, other algorithms are left alone."""
+    from types import SimpleNamespace
+
+    runner = SimpleNamespace(model_config=SimpleNamespace(context_len=2048))
+    positions = torch.tensor([2040, 2046, 2047, 2048, 2055])
+    batch = SimpleNamespace(positions=positions)
+    monkeypatch.setattr(hooks, "_serving_graft", lambda: True)
+    assert hooks._positions_inside_the_context(runner, batch) is None
+    assert batch.positions is positions and positions.tolist() == [2040, 2046, 2047, 2047, 2047]
+    monkeypatch.setattr(hooks, "_serving_graft", lambda: False)
+    other = torch.tensor([2050])
+    hooks._positions_inside_the_context(runner, SimpleNamespace(positions=other))
+    assert other.tolist() == [2050]

@@ -71,7 +71,7 @@ def eagle3(tiny_models, server_logs):
     return outs, reads
 
 
-@pytest.mark.parametrize("mode,extra", [("default", []), ("sync-free", ["--speculative-graft-sync-free", "on"])])
+@pytest.mark.parametrize("mode,extra", [("default", [])])  # sync-free: 0 of GRAFT's reads, test_graft_server.py
 def test_sglang_reads_per_graft_step_at_most_eagle3s(tiny_models, server_logs, eagle3, mode, extra):
     """For each part of the decode steps, steady and changed, and each kind of read, SGLang's and
     the CPU stand-ins', GRAFT's reads per step <= EAGLE-3's:

@@ -266,8 +266,9 @@ class GraftWorkerV2(EAGLEWorkerV2):
                                        passes=plan.passes if plan is not None else 0, num_nodes=n)
             return
         # one device-to-host copy for the batch
+        proposed = info.verified_nodes.sum(1) - 1  # [bs] nodes verified past the root
         host = torch.cat([tokens.to(torch.int64), accept_lens[:, None],
-                          info.stage[:, None], retrieved[:, None], drafted[:, None]], dim=1).tolist()
+                          info.stage[:, None], retrieved[:, None], drafted[:, None], proposed[:, None]], dim=1).tolist()
         self.retrieval.commit(rids, [row[: row[n]] for row in host])
         plan = self._last_plan
         if plan is not None and plan.expected is not None:
@@ -275,6 +276,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         stage = [row[n + 1] for row in host]
         retrieved_list = [row[n + 2] for row in host]
         drafted_list = [row[n + 3] for row in host]
+        proposed_list = [row[n + 4] for row in host]
         self._count(stage, retrieved_list, drafted_list)
         lo = result.logits_output
         info_out = dict(lo.customized_info or {})
@@ -282,6 +284,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
             "graft_stage": stage,
             "graft_retrieved_accepted": retrieved_list,
             "graft_draft_accepted": drafted_list,
+            "graft_proposed": proposed_list,
             "graft_verify": [verify_mode] * bs,
         })
         lo.customized_info = info_out
@@ -320,18 +323,13 @@ def server_counters() -> Optional[dict]:
     return out
 
 
-# GRAFT's CPU stand-ins for SGLang's CUDA kernels (KV copies, attention): SGLang's work, not GRAFT's.
-_CPU_KERNELS = "sglang_graft.sglang.cpu"
-
-
 def _host_reads(reads: HostReadCounter) -> dict:
-    """``SGLANG_GRAFT_COUNT_HOST_READS=1``: host reads inside the worker's calls, GRAFT's (with
-    their sites), those of the CPU stand-ins for SGLang's kernels, and SGLang's own."""
-    cpu_kernels = reads.total(_CPU_KERNELS)
-    graft = reads.total("sglang_graft") - cpu_kernels
-    return {"graft": graft, "cpu_kernels": cpu_kernels, "sglang": sum(reads.counts.values()) - graft - cpu_kernels,
-            "graft_sites": sorted(f"{m}:{line} {name} x{k}" for (m, line, name), k in reads.sites.items()
-                                  if m.startswith("sglang_graft") and not m.startswith(_CPU_KERNELS))}
+    """``SGLANG_GRAFT_COUNT_HOST_READS=1``: host reads inside the worker's calls, GRAFT's, those of
+    the CPU stand-ins for SGLang's kernels, and SGLang's own, with their sites (split as on an
+    EAGLE-3 server: :func:`sglang_graft.sglang.host_reads.split`)."""
+    from sglang_graft.sglang.host_reads import split
+
+    return split(reads)
 
 
 def release_request(rid) -> None:
