@@ -149,7 +149,7 @@ def _check_proposed_counts(outs, max_nodes: int) -> None:
 
 
 @pytest.mark.parametrize("mode,extra", [
-    ("chain", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]),
+    ("chain-cuda-window", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]),
     ("chain-grafted", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
                        "--speculative-graft-thresholds", "0", "0.5", "0.5"]),
     ("retrieval-only", ["--speculative-graft-source", "sam", "--speculative-graft-thresholds", "1", "1", "1",
@@ -161,7 +161,6 @@ def _check_proposed_counts(outs, max_nodes: int) -> None:
     ("recycle", ["--speculative-graft-source", "recycle", "--speculative-graft-tp-check", "1"]),
     # SGLang's CUDA branch of the chain KV write window, taken on this CPU: planned before the draft
     # for N slots; cost-aware steps choose N after it (the window is left to verify), fixed ones before
-    ("chain-cuda-window", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12"]),
     ("chain-cuda-window-fixed", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
                                  "--speculative-graft-budget", "fixed"]),
 ])

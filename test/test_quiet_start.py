@@ -29,7 +29,7 @@ def test_quiet_start_and_clean_stop(tiny_models, server_logs):
     log = server_logs / "quiet-start.log"
     args = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
             "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8"]
-    srv = SGLangServer(tiny_models["llama"], args, log_path=log)  # CPU_ARGS carry --log-level warning
+    srv = SGLangServer(tiny_models["llama"], args, log_path=log, clean_stop=True)  # CPU_ARGS: --log-level warning
     assert "--log-level" in srv.args and srv.args[srv.args.index("--log-level") + 1] == "warning"
     with srv:
         r = requests.post(srv.url + "/generate", timeout=600,
