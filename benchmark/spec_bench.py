@@ -144,8 +144,8 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE ARGS",
                     help="an extra method: BASE (a method name) with server ARGS added, e.g. "
                     "'recycle-shared=GRAFT-recycle --speculative-graft-recycle-scope shared'; repeatable")
-    ap.add_argument("--num-prompts", type=int, default=5, help="prompts per category")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--num-prompts", type=int, help="prompts per category (default 5; 2 with --quick)")
+    ap.add_argument("--max-new-tokens", type=int, help="default 128; 64 with --quick")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0 (greedy, outputs asserted identical in float32) or e.g. 1; note that on a CPU SGLang "
                     "verifies EAGLE3 / NGRAM sampling requests greedily, while GRAFT samples")
@@ -153,13 +153,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--num-draft-tokens", type=int, default=16, help="verify budget N (root included)")
-    ap.add_argument("--quick", action="store_true", help="2 prompts per category, 64 new tokens, 2 lanes")
+    ap.add_argument("--quick", action="store_true", help="2 prompts per category, 64 new tokens, 2 lanes "
+                    "(each unless given explicitly)")
     ap.add_argument("--lanes", type=int, help="servers measured at the same time (default 1; 2 with --quick: "
                     "fits 10 minutes on 2 cores, but then methods share the CPU and speed ratios are indicative)")
     ap.add_argument("--json", type=Path, default=HERE / "out" / "spec_bench.json")
     args = ap.parse_args()
-    if args.quick:
-        args.num_prompts, args.max_new_tokens = 2, 64
+    if args.num_prompts is None:
+        args.num_prompts = 2 if args.quick else 5
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 64 if args.quick else 128
     if args.lanes is None:
         args.lanes = 2 if args.quick else 1
     if args.lanes < 1:

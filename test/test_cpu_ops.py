@@ -215,3 +215,22 @@ def test_small_batch_lm_head_is_the_same_product_and_contiguous(rows):
     torch.testing.assert_close(out, hidden @ lm_head.weight.T)
     assert out.is_contiguous()  # grammar masks are applied to logits in place
     assert calls == ([] if 2 <= rows <= 7 else [rows])
+
+
+def test_a_cpu_launcher_forks_its_children_and_a_cuda_one_keeps_spawn():
+    """The AFTER hook on SGLang's ``_set_envs_and_config`` (which sets ``spawn``): ``fork`` for a
+    ``--device cpu`` server, SGLang's choice left alone otherwise."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    from sglang_graft.sglang.cpu import _fork_subprocesses
+
+    before = multiprocessing.get_start_method(allow_none=True)
+    try:
+        multiprocessing.set_start_method("spawn", force=True)
+        assert _fork_subprocesses(None, SimpleNamespace(device="cuda")) is None
+        assert multiprocessing.get_start_method() == "spawn"
+        _fork_subprocesses(None, SimpleNamespace(device="cpu"))
+        assert multiprocessing.get_start_method() == "fork"
+    finally:
+        multiprocessing.set_start_method(before, force=True)

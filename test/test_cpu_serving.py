@@ -49,9 +49,8 @@ def _server_greedy(server: SGLangServer, prompt_ids) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def llama_plain(tiny_models, server_logs):
-    with SGLangServer(tiny_models["llama"], log_path=server_logs / "llama-plain.log") as srv:
-        yield srv
+def llama_plain(plain_llama):
+    return plain_llama
 
 
 @pytest.fixture(scope="module")

@@ -64,10 +64,8 @@ def _graft(tiny_models, *extra):
 
 
 @pytest.fixture(scope="module")
-def plain_server(tiny_models, server_logs):
-    with SGLangServer(tiny_models["llama"], ["--max-running-requests", "32"],
-                      log_path=server_logs / "reliability-plain.log") as srv:
-        yield srv
+def plain_server(plain_llama):
+    return plain_llama
 
 
 @pytest.fixture(scope="module", params=["off", "on"], ids=["fresh", "sync-free"])

@@ -39,10 +39,8 @@ GRAFT_ARGS = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "
 
 
 @pytest.fixture(scope="module")
-def plain_server(tiny_models, server_logs):
-    with SGLangServer(tiny_models["llama"], ["--max-running-requests", "32"],
-                      log_path=server_logs / "request-edges-plain.log") as srv:
-        yield srv
+def plain_server(plain_llama):
+    return plain_llama
 
 
 @pytest.fixture(scope="module")

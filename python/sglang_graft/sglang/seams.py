@@ -133,6 +133,8 @@ CPU_BACKEND_FALLBACK = Seam("sglang.srt.arg_groups.overrides._attention_backend_
                             "keep the intel_amx backend (tree verify) on CPUs without AMX")
 CPU_LM_HEAD = Seam("sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
                    "compute the lm_head of 2-7 rows as W @ h^T on CPU (torch's h @ W^T is 2-3x slower there)")
+CPU_START_METHOD = Seam("sglang.srt.entrypoints.engine._set_envs_and_config",
+                        "fork the scheduler and detokenizer on CPU (they inherit the launcher's imports)")
 LM_HEAD_USES_QUANT_METHOD = Seam("sglang.srt.layers.logits_processor.should_apply_lm_head_quant_method",
                                  "tell the plain lm_head matmul branch from the others")
 USES_AMX = Seam("sglang.srt.utils.common.use_intel_amx_backend", "tell the plain lm_head matmul branch from AMX's")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -62,6 +63,18 @@ def _lm_head_small_batch(original, processor, hidden_states, lm_head, embedding_
     return torch.matmul(weight, hidden_states.to(weight.dtype).T).T.contiguous()
 
 
+def _fork_subprocesses(result, server_args, *args, **kwargs):
+    """AFTER ``engine._set_envs_and_config`` (the launcher, before it starts its children), on a
+    CPU server: start the scheduler(s) and the detokenizer with ``fork`` rather than SGLang's
+    ``spawn``. A spawned child imports SGLang again (in every rank); a forked one
+    inherits the launcher's modules and hooks. Spawn exists for CUDA, which a forked child could not
+    initialise; the launcher has touched no device and, at ``OMP_NUM_THREADS=1``, holds no thread
+    pool. Start times: the README's CPU profile section."""
+    if getattr(server_args, "device", None) == "cpu":
+        multiprocessing.set_start_method("fork", force=True)
+    return result
+
+
 # Test mode: take SGLang's CUDA-only branches of the speculative step that need no CUDA.
 CUDA_BRANCHES_ENV = "SGLANG_GRAFT_CPU_CUDA_BRANCHES"
 
@@ -88,6 +101,7 @@ def install_hooks() -> bool:
         return False
     seams.register_hook(seams.CPU_BACKEND_FALLBACK, _keep_intel_amx_backend, "AROUND")
     seams.register_hook(seams.CPU_LM_HEAD, _lm_head_small_batch, "AROUND")
+    seams.register_hook(seams.CPU_START_METHOD, _fork_subprocesses, "AFTER")
     if os.environ.get(CUDA_BRANCHES_ENV) == "1":
         take_cuda_branches()
     quiet.raise_nofile_limit()  # as far as SGLang's own set_ulimit would, were the hard limit lower
