@@ -109,6 +109,38 @@ def test_launch_guards_pick_a_tree_verify_backend_when_sglang_picked_another():
     algorithm.check_server_args(_server_args(attention_backend="intel_amx"))
 
 
+def test_cpu_triton_backend_needs_the_interpreter(monkeypatch):
+    """On a CPU SGLang's Triton backend runs only in the Triton interpreter: without
+    ``TRITON_INTERPRET=1`` GRAFT refuses it, naming the flag and the variable; with it, GRAFT
+    serves it, alone (the verify mask has one layout: Triton's FULL rows or intel_amx's block)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for flag in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+        with pytest.raises(ValueError) as err:
+            algorithm.check_server_args(_server_args(**{flag: "triton"}))
+        msg = str(err.value)
+        assert msg.startswith(f"--{flag.replace('_', '-')} triton ") and "TRITON_INTERPRET=1" in msg, msg
+        assert "\n" not in msg
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    sa = _server_args(attention_backend="triton")
+    algorithm.check_server_args(sa)
+    assert sa.attention_backend == "triton"
+    algorithm.check_server_args(_server_args(attention_backend="triton", prefill_attention_backend="triton",
+                                             decode_attention_backend="triton"))
+    algorithm.check_server_args(_server_args(attention_backend="intel_amx"))
+    with pytest.raises(ValueError, match="--attention-backend triton --decode-attention-backend intel_amx: "
+                                         "on a CPU GRAFT needs one attention backend"):
+        algorithm.check_server_args(_server_args(attention_backend="triton", decode_attention_backend="intel_amx"))
+    with pytest.raises(ValueError, match="GRAFT verifies trees with intel_amx or triton on cpu"):
+        algorithm.check_server_args(_server_args(attention_backend="torch_native"))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        algorithm.check_server_args(_server_args(attention_backend="triton"))
+    # on CUDA the interpreter changes nothing
+    sa = _server_args(device="cuda", attention_backend="triton", _raw_input={"attention_backend": "triton"})
+    algorithm.check_server_args(sa)
+    assert sa.attention_backend == "triton"
+
+
 def test_cli_flags_round_trip():
     parser = argparse.ArgumentParser()
     gc.add_cli_args(parser)

@@ -3,12 +3,16 @@
 * a byte-level BPE tokenizer trained locally on the Python standard library's own sources
   (always present, no network), saved as ``PreTrainedTokenizerFast`` with a ChatML template;
 * a tiny Llama and a tiny Qwen3 target (random weights, HF format, safetensors, float32);
-* a tiny random EAGLE-3 head for the Llama target, in the format SGLang's
+* a tiny Qwen3-MoE target shaped like Qwen3-235B-A22B (``Qwen3MoeForCausalLM``: every layer sparse,
+  no shared expert, softmax routing renormalised over the top k (``norm_topk_prob``), 16 experts,
+  top 4, GQA and QK-norm), same tokenizer, random weights, float32;
+* a tiny random EAGLE-3 head for the Llama target and one for the Qwen3-MoE target, in the format SGLang's
   ``LlamaForCausalLMEagle3`` loads (SpecForge's export format: one ``midlayer`` decoder layer fed
   by the fused low/mid/high target hidden states, ``fc``, ``norm``, a reduced draft vocabulary
   ``lm_head`` and the ``d2t`` / ``t2d`` maps).
 
-Usage: ``python test/tiny_models.py OUT_DIR`` writes ``OUT_DIR/{tokenizer,llama,qwen3,llama-eagle3}``.
+Usage: ``python test/tiny_models.py OUT_DIR`` writes
+``OUT_DIR/{tokenizer,llama,qwen3,llama-eagle3,qwen3-moe,qwen3-moe-eagle3}``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ CHAT_TEMPLATE = (
 )
 TARGET_DIMS = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=32, max_position_embeddings=2048, rms_norm_eps=1e-6)
+# Qwen3-235B-A22B's MoE shape, scaled down: 128 experts / top 8 there, 16 / top 4 here. Four layers, as
+# the dense targets: SGLang captures the EAGLE-3 head's aux hidden states at the inputs of layers
+# ``id + 1`` for ids 0, 1, 2, so three distinct captured layers need four.
+MOE_DIMS = dict(moe_intermediate_size=64, num_experts=16, num_experts_per_tok=4, norm_topk_prob=True,
+                decoder_sparse_step=1, mlp_only_layers=[])
 
 
 def _corpus(max_bytes: int = 3_000_000):
@@ -66,7 +75,8 @@ def _save_model(model, tokenizer_dir: Path, out: Path) -> None:
 
 
 def build_target(kind: str, tokenizer_dir: Path, out: Path, seed: int = 0) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM)
 
     eos = 2  # <|im_end|>
     common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=eos, pad_token_id=0,
@@ -76,13 +86,16 @@ def build_target(kind: str, tokenizer_dir: Path, out: Path, seed: int = 0) -> No
         model = LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, **common))
     elif kind == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(rope_theta=10000.0, **common))
+    elif kind == "qwen3-moe":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(rope_theta=10000.0, **MOE_DIMS, **common))
     else:
         raise ValueError(f"unknown tiny target kind {kind!r}")
     _save_model(model.eval(), tokenizer_dir, out)
 
 
 def build_eagle3_head(target_dir: Path, out: Path, seed: int = 1) -> None:
-    """Random EAGLE-3 head for the tiny Llama, with a reduced draft vocabulary."""
+    """Random EAGLE-3 head for a tiny target, with a reduced draft vocabulary (one dense Llama decoder
+    layer; its MLP is ``intermediate_size`` wide, the target's dense width, MoE targets included)."""
     from safetensors.torch import save_file
 
     cfg = json.loads((target_dir / "config.json").read_text())
@@ -133,14 +146,16 @@ def build_eagle3_head(target_dir: Path, out: Path, seed: int = 1) -> None:
 def build_all(out: Path) -> dict[str, Path]:
     """Build every tiny fixture under ``out`` (idempotent); returns their directories."""
     out = Path(out)
-    paths = {name: out / name for name in ("tokenizer", "llama", "qwen3", "llama-eagle3")}
+    paths = {name: out / name for name in ("tokenizer", "llama", "qwen3", "llama-eagle3", "qwen3-moe",
+                                           "qwen3-moe-eagle3")}
     if not (paths["tokenizer"] / "tokenizer.json").exists():
         build_tokenizer(paths["tokenizer"])
-    for kind in ("llama", "qwen3"):
+    for kind in ("llama", "qwen3", "qwen3-moe"):
         if not (paths[kind] / "config.json").exists():
             build_target(kind, paths["tokenizer"], paths[kind])
-    if not (paths["llama-eagle3"] / "config.json").exists():
-        build_eagle3_head(paths["llama"], paths["llama-eagle3"])
+    for target, seed in (("llama", 1), ("qwen3-moe", 2)):
+        if not (paths[f"{target}-eagle3"] / "config.json").exists():
+            build_eagle3_head(paths[target], paths[f"{target}-eagle3"], seed=seed)
     return paths
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from sglang_graft import config as graft_config
 from sglang_graft.sglang import seams
@@ -26,6 +27,10 @@ DEFAULT_DRAFT_SHAPE = (6, 4, 16)  # (num_steps, topk, num_nodes)
 # GRAFT builds (fa3 emulates topk > 1 trees by cascading and verifies topk = 1 causally).
 TREE_VERIFY_BACKENDS = {"cpu": ("intel_amx",), "cuda": ("triton", "flashinfer")}
 DEFAULT_CUDA_BACKEND = "triton"
+# On a CPU, SGLang's Triton backend (its CUDA kernels: draft decode, verify with the FULL mask,
+# draft extend) runs under the Triton interpreter: slow, for executing the GPU path without a GPU.
+INTERPRETED_BACKEND = "triton"
+TRITON_INTERPRET_ENV = "TRITON_INTERPRET"
 
 # The CLI's GraftConfig, parsed in the launcher before the server args are resolved.
 _cli_config: graft_config.GraftConfig | None = None
@@ -119,12 +124,39 @@ def check_server_args(sa) -> None:
     _check_attention_backend(sa, raw)
 
 
+def triton_interpreted() -> bool:
+    """``TRITON_INTERPRET`` is set as Triton reads it (``1``, ``true`` or ``on``)."""
+    return os.environ.get(TRITON_INTERPRET_ENV, "").strip().lower() in ("1", "true", "on")
+
+
+def tree_verify_backends(device: str) -> tuple[str, ...]:
+    """The attention backends whose tree verify GRAFT serves on ``device``."""
+    allowed = TREE_VERIFY_BACKENDS[device]
+    if device == "cpu" and triton_interpreted():
+        allowed = allowed + (INTERPRETED_BACKEND,)
+    return allowed
+
+
+_BACKEND_FLAGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+
+
 def _check_attention_backend(sa, raw: dict) -> None:
-    allowed = TREE_VERIFY_BACKENDS[sa.device]
-    for flag in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+    allowed = tree_verify_backends(sa.device)
+    if sa.device == "cpu":
+        chosen = {getattr(sa, flag) for flag in _BACKEND_FLAGS} - {None}
+        if INTERPRETED_BACKEND in chosen and len(chosen) > 1:
+            # the verify mask's layout follows one backend: Triton's FULL rows or intel_amx's QLEN block
+            flags = " ".join(f"--{f.replace('_', '-')} {getattr(sa, f)}" for f in _BACKEND_FLAGS if getattr(sa, f))
+            raise ValueError(f"{flags}: on a CPU GRAFT needs one attention backend for prefill, decode and "
+                             f"verify (pass --attention-backend {INTERPRETED_BACKEND} alone)")
+    for flag in _BACKEND_FLAGS:
         chosen = getattr(sa, flag)
         if chosen is None or chosen in allowed:
             continue
+        if sa.device == "cpu" and chosen == INTERPRETED_BACKEND:
+            raise ValueError(f"--{flag.replace('_', '-')} {chosen} on a CPU runs SGLang's Triton kernels in the "
+                             f"Triton interpreter: set {TRITON_INTERPRET_ENV}=1 (slow, for checking the GPU path), "
+                             f"or use {' or '.join(allowed)}")
         if raw.get(flag) is None and flag == "attention_backend" and sa.device == "cuda":
             logger.warning("GRAFT: SGLang picked --attention-backend %s, whose tree verify GRAFT has not been "
                            "checked with; using %s (pass --attention-backend %s to choose)",

@@ -141,6 +141,19 @@ class _DraftRecorder:
         return chain_pool(tokens, torch.stack(self.chain_probs[:steps], dim=1))
 
 
+def verify_mask_mode(backend, default) -> TreeMaskMode:
+    """The layout of the tree mask the target attention ``backend`` reads at verify: its verify
+    buffer's when it owns one; FULL rows for SGLang's Triton backend (SGLang's default,
+    ``default``, follows the device: on a CPU intel_amx's QLEN_ONLY block, which the Triton
+    kernel, run there by the Triton interpreter, would misread); else ``default``."""
+    verify_mask = getattr(backend, "verify_mask", None)
+    if verify_mask is not None:
+        return TreeMaskMode(int(verify_mask.mode))
+    if seams.loaded_instance(backend, seams.TRITON_ATTN_BACKEND):
+        return TreeMaskMode.FULL_MASK
+    return TreeMaskMode(int(default))
+
+
 class GraftDraftWorker(EagleDraftWorker):
     """EAGLE draft worker whose verify tree is GRAFT's pruned + grafted tree."""
 
@@ -149,6 +162,7 @@ class GraftDraftWorker(EagleDraftWorker):
     stepper: GraftStepper
     use_budget: Callable[[int], None]
     tp_check: TreeHashCheck
+    mask_modes: dict  # verify steps per "target backend class:mask layout" (/server_info)
 
     def _capture_cuda_graphs(self):
         super()._capture_cuda_graphs()
@@ -300,13 +314,14 @@ class GraftDraftWorker(EagleDraftWorker):
             roots = root[from_host(rows, torch.int64, root.device)].tolist()
             self.retrieval.add_roots([rids[i] for i in rows], roots)
 
-    @staticmethod
-    def _verify_mask(layout, batch, target_worker, tree_mask_mode) -> torch.Tensor:
+    def _verify_mask(self, layout, batch, target_worker, tree_mask_mode) -> torch.Tensor:
         """The tree mask in the target attention backend's encoding, in its buffer when it owns
         one (the ``tree_mask`` kernel on CUDA: no host read)."""
         backend = target_worker.model_runner.attn_backend
         verify_mask = getattr(backend, "verify_mask", None)
-        mode = TreeMaskMode(int(verify_mask.mode if verify_mask is not None else tree_mask_mode))
+        mode = verify_mask_mode(backend, tree_mask_mode)
+        key = f"{type(backend).__name__}:{mode.name}"
+        self.mask_modes[key] = self.mask_modes.get(key, 0) + 1
         if verify_mask is not None and verify_mask.fits(batch.seq_lens.shape[0]):
             return write_tree_mask(layout, batch.seq_lens, mode, verify_mask.buffer, batch.seq_lens_sum)
         seq_lens_sum = batch.seq_lens_sum

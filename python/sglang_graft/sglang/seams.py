@@ -85,6 +85,9 @@ TP_GROUP = Seam("sglang.srt.distributed.parallel_state.get_tp_group",
                 "average measured step costs over the tensor-parallel ranks (identical decisions)")
 HOOK_REGISTRY = Seam("sglang.srt.plugins.hook_registry.HookRegistry", "wrap SGLang functions")
 HOOK_TYPE = Seam("sglang.srt.plugins.hook_registry.HookType", "wrap SGLang functions")
+TRITON_ATTN_BACKEND = Seam("sglang.srt.layers.attention.triton_backend.TritonAttnBackend",
+                           "write the verify mask in the FULL rows SGLang's Triton backend reads, also on a CPU "
+                           "(TRITON_INTERPRET=1), where SGLang's default layout is intel_amx's QLEN_ONLY")
 
 # -- swaps: rebound for the duration of one call ---------------------------------------------------
 ORGANIZE_DRAFT_RESULTS = Seam(f"{_SW}.eagle_worker_v2.organize_draft_results",
@@ -135,6 +138,10 @@ CPU_LM_HEAD = Seam("sglang.srt.layers.logits_processor.LogitsProcessor._compute_
                    "compute the lm_head of 2-7 rows as W @ h^T on CPU (torch's h @ W^T is 2-3x slower there)")
 CPU_START_METHOD = Seam("sglang.srt.entrypoints.engine._set_envs_and_config",
                         "fork the scheduler and detokenizer on CPU (they inherit the launcher's imports)")
+CPU_SHARED_EXPERT_GATE = Seam("sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add",
+                              "add Qwen2-MoE's gated shared expert in torch on CPU (the Triton kernel needs a GPU)")
+CPU_MOE_NATIVE = Seam("sglang.srt.layers.moe.fused_moe_native.moe_forward_native",
+                      "serve --ep-size > 1 on CPU: drop other ranks' experts (id -1) from the native MoE loop")
 LM_HEAD_USES_QUANT_METHOD = Seam("sglang.srt.layers.logits_processor.should_apply_lm_head_quant_method",
                                  "tell the plain lm_head matmul branch from the others")
 USES_AMX = Seam("sglang.srt.utils.common.use_intel_amx_backend", "tell the plain lm_head matmul branch from AMX's")
@@ -172,6 +179,11 @@ GRAFT_CONFIG_ATTR = "_graft_config"  # GRAFT's config on the ServerArgs record (
 RAW_INPUT = Seam("sglang.srt.server_args.ServerArgs._raw_input",
                  "tell a user-chosen --attention-backend from one SGLang picked", static=False)
 DRAFT_RUNNER_FORWARD = "draft_runner.forward"  # wrapped per call on a chain draft (draft probabilities)
+# The Triton kernels each TritonAttnBackend binds in __init__ (custom_mask is extend's 10th argument);
+# counted per backend role with SGLANG_GRAFT_COUNT_ATTENTION_KERNELS=1 (sglang/attention_kernels.py)
+TRITON_KERNELS = tuple(Seam(f"{TRITON_ATTN_BACKEND.target}.{name}", "count the Triton attention kernels each "
+                            "backend runs (a test mode)", static=False)
+                       for name in ("extend_attention_fwd", "decode_attention_fwd"))
 
 
 # -- swaps -----------------------------------------------------------------------------------------
@@ -286,6 +298,14 @@ def request_tenant(req: Any) -> Optional[str]:
     sets it at its gateway). Not ``extra_key``: SGLang folds the LoRA adapter id into it
     (``Req.__init__``), so every user of one adapter would share a matrix."""
     return getattr(req, "cache_salt", None) or None
+
+
+def loaded_instance(obj: Any, seam: Seam) -> bool:
+    """``isinstance(obj, <seam's class>)`` without importing the class's module: while the module
+    is not imported there is no instance (SGLang imports its attention backends lazily)."""
+    import sys
+
+    return seam.owner in sys.modules and isinstance(obj, seam.resolve())
 
 
 def server_args_attr(server_args: Any, seam: Seam, default: Any = None) -> Any:

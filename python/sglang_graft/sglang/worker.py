@@ -36,8 +36,9 @@ import torch
 
 from sglang_graft.config import GraftConfig
 from sglang_graft.sglang import lagged, sampling, seams
+from sglang_graft.sglang.attention_kernels import COUNT_ENV, AttentionKernelCounter
 from sglang_graft.sglang.metrics import maybe_prometheus
-from sglang_graft.sglang.draft_worker import GraftDraftWorker, GraftVerifyInput
+from sglang_graft.sglang.draft_worker import GraftDraftWorker, GraftVerifyInput, verify_mask_mode
 from sglang_graft.sglang.retrieval_state import GraftRetrieval
 from sglang_graft.sglang.step import GraftStepper, StepPlan
 from sglang_graft.tp_check import TreeHashCheck
@@ -70,6 +71,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
                                     self.budgets, self.device, all_reduce_sum=_tp_all_reduce(),
                                     sync_free=self.sync_free)
         self.host_reads = HostReadCounter() if os.environ.get("SGLANG_GRAFT_COUNT_HOST_READS") == "1" else None
+        self.attention_kernels = AttentionKernelCounter() if os.environ.get(COUNT_ENV) == "1" else None
         self._budget_states: dict = {}
         self.tp_check = TreeHashCheck(self.graft_cfg.tp_check, _tp_all_reduce(torch.distributed.ReduceOp.MAX)
                                       if self.graft_cfg.tp_check else None)
@@ -77,6 +79,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
             dw = self._draft_worker
             dw.graft_cfg, dw.retrieval, dw.stepper, dw.use_budget, dw.tp_check = (
                 self.graft_cfg, self.retrieval, self.stepper, self._use_budget, self.tp_check)
+            dw.mask_modes = {}
         self.prometheus = maybe_prometheus(server_args)
         self._plan_bs = 0
         _WORKERS.append(self)
@@ -95,15 +98,25 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 stack.enter_context(a2a())
                 self._budget_states = self._build_budget_states(self.budgets)
         self._warm_up_tree_kernels()
+        if self.attention_kernels is not None:
+            self._watch_attention_kernels()
+
+    def _watch_attention_kernels(self) -> None:
+        """``SGLANG_GRAFT_COUNT_ATTENTION_KERNELS=1``: count the Triton attention kernels of every
+        backend the step can use (each budget's target, draft decode and draft extend backends)."""
+        dw, states = self._draft_worker, list(self._budget_states.values())
+        count = self.attention_kernels.watch
+        count("target", [self._target_worker.model_runner.attn_backend] + [s.target_attn_backend for s in states])
+        count("draft_decode", [dw.draft_attn_backend] + [s.draft_attn_backend for s in states])
+        count("draft_extend", [dw.draft_extend_attn_backend, dw.draft_runner.attn_backend]
+              + [s.draft_extend_attn_backend for s in states])
 
     def _warm_up_tree_kernels(self) -> None:
         """On CUDA, compile the Triton tree kernels for every pool size and budget now, not in the
         first steps that need them (no-op on CPU)."""
         if self.graft_cfg.placement != "root":
             return  # the other placement runs the torch reference
-        backend = self._target_worker.model_runner.attn_backend
-        verify_mask = getattr(backend, "verify_mask", None)
-        mode = verify_mask.mode if verify_mask is not None else self._draft_worker.tree_mask_mode
+        mode = verify_mask_mode(self._target_worker.model_runner.attn_backend, self._draft_worker.tree_mask_mode)
         shapes = warm_up_graft_kernels(
             self.device, self.topk, self.speculative_num_steps,
             self.retrieval.proposal_width(union=self.stepper.cost_aware),
@@ -318,6 +331,12 @@ def server_counters() -> Optional[dict]:
     retrieval = worker.retrieval
     out = {**retrieval.counters.as_dict(), **retrieval.store_usage(), "economy": worker.stepper.as_dict(),
            "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free}
+    if worker._draft_worker is not None:
+        out["verify_masks"] = dict(worker._draft_worker.mask_modes)  # "<target backend>:<mask layout>": steps
+    if worker.attention_kernels is not None:
+        out["attention_kernels"] = worker.attention_kernels.as_dict()
+        out["attention_kernel_s"] = worker.attention_kernels.seconds_dict()
+        out["attention_backends"] = worker.attention_kernels.backends_dict()
     if worker.host_reads is not None:
         out["host_reads"] = _host_reads(worker.host_reads)
     return out

@@ -2,7 +2,8 @@
 
 ``boot`` (interpreter start, CPU profile only) makes SGLang importable; ``install_hooks`` (called
 by the plugin entry point) keeps SGLang's ``intel_amx`` attention backend, whose kernels the
-stand-in provides in pure torch, on CPUs that have no AMX.
+stand-in provides in pure torch, on CPUs that have no AMX, and replaces two MoE paths that fail on
+a CPU (``moe``: Qwen2-MoE's Triton shared-expert gate, ``--ep-size > 1``'s ``-1`` expert ids).
 """
 
 from __future__ import annotations
@@ -95,12 +96,14 @@ def take_cuda_branches() -> None:
 def install_hooks() -> bool:
     """Register the CPU hooks with SGLang's HookRegistry; a no-op unless the stand-in serves."""
     from sglang_graft.sglang import seams
-    from sglang_graft.sglang.cpu import quiet
+    from sglang_graft.sglang.cpu import moe, quiet
 
     if not (seams.IS_CPU.resolve()() and standin_active()):
         return False
     seams.register_hook(seams.CPU_BACKEND_FALLBACK, _keep_intel_amx_backend, "AROUND")
     seams.register_hook(seams.CPU_LM_HEAD, _lm_head_small_batch, "AROUND")
+    seams.register_hook(seams.CPU_SHARED_EXPERT_GATE, moe._shared_gate_on_cpu, "AROUND")
+    seams.register_hook(seams.CPU_MOE_NATIVE, moe._local_experts_only, "AROUND")
     seams.register_hook(seams.CPU_START_METHOD, _fork_subprocesses, "AFTER")
     if os.environ.get(CUDA_BRANCHES_ENV) == "1":
         take_cuda_branches()
