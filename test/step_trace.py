@@ -1,0 +1,353 @@
+"""Record the engine's side of served GRAFT steps, and replay it against the engine.
+
+The worker (SGLang's side) calls the SGLang-free engine -- the per-request retrieval state, the
+stepper that decides draft depth, budget and tree, the sync-free commit ring -- with plain tensors
+and token lists. :func:`install` (run in a server process through ``sitecustomize``, see
+``record_step_trace.py``) records every such call made from outside the engine, in order: the
+method, its arguments and its result, as plain data (tensors, numpy arrays, lists, dicts; a
+dataclass becomes ``{"__type__": name, field: value}``). The one input the engine takes from the
+clock, the step timer's measured phase times, is recorded as well.
+
+:func:`replay` rebuilds the engine from the recorded constructor arguments, makes the same calls
+with the recorded arguments (the step timer returns the recorded times) and compares every result,
+and the stepper's final state, with the recording. A refactor of the engine that keeps its
+behaviour replays with no difference: the same proposals, draft depths, budgets, trees,
+calibration and cost model at every step.
+
+Verify logits are recorded compactly: the recycling matrix reads only their top ``k`` per row, so
+the trace keeps those values and indices and replays dense rows holding them (``-inf`` elsewhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import gzip
+import io
+import inspect
+import os
+import threading
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+TRACE_ENV = "GRAFT_TEST_STEP_TRACE"  # the file a server process writes its trace to
+
+# engine calls the worker makes (class name -> methods); nested calls are the engine's own business
+RECORDED = {
+    "GraftRetrieval": ("admit", "check_admitted", "rows_needing_root", "add_roots", "release", "scope_index",
+                       "proposal_width", "use_ring", "drain", "commit", "learn"),
+    "GraftStepper": ("begin", "observe", "keep_drafting", "build", "node_bins", "levels_used", "feedback",
+                     "end_step"),
+    "CommitRing": ("pending", "record"),
+    "StepStats": ("check",),
+}
+LOGITS_TOPK = 16  # verify-logit values kept per row (at least the recycling matrix's k)
+
+
+# -- plain data --------------------------------------------------------------------------------
+def plain(x: Any, refs: dict | None = None) -> Any:
+    """``x`` as plain data; objects in ``refs`` (id -> name) become ``{"__ref__": name}``."""
+    if refs and id(x) in refs:
+        return {"__ref__": refs[id(x)]}
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().clone()
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, torch.device):
+        return {"__device__": str(x)}
+    if isinstance(x, enum.Enum):
+        return x.value
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {"__type__": type(x).__name__,
+                **{f.name: plain(getattr(x, f.name), refs) for f in dataclasses.fields(x)}}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return {"__type__": type(x).__name__, **{k: plain(v, refs) for k, v in zip(x._fields, x)}}
+    if isinstance(x, (list, tuple)):
+        return type(x)(plain(v, refs) for v in x)
+    if isinstance(x, dict):
+        return {k: plain(v, refs) for k, v in x.items()}
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    raise TypeError(f"cannot record a {type(x).__name__}")
+
+
+def differences(a: Any, b: Any, where: str = "") -> list[str]:
+    """Where two plain values differ (tensors and arrays: exact dtype, shape and values)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return [f"{where}: {type(a).__name__} vs {type(b).__name__}"]
+        if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+            return [f"{where}: tensor {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"]
+        return []
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        same = isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype \
+            and a.shape == b.shape and np.array_equal(a, b)
+        return [] if same else [f"{where}: array differs"]
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{where}.{k}: missing on one side" for k in sorted(set(a) ^ set(b), key=str)]
+        for k in a.keys() & b.keys():
+            out += differences(a[k], b[k], f"{where}.{k}")
+        return out
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{where}: length {len(a)} vs {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: {a!r} vs {b!r}"]
+
+
+def compact_logits(logits: torch.Tensor) -> dict:
+    values, indices = torch.topk(logits, min(LOGITS_TOPK, logits.shape[-1]), dim=-1)
+    return {"__logits__": True, "shape": tuple(logits.shape), "values": values.cpu().clone(),
+            "indices": indices.cpu().clone()}
+
+
+def dense_logits(rec: dict) -> torch.Tensor:
+    out = torch.full(rec["shape"], float("-inf"), dtype=rec["values"].dtype)
+    return out.scatter_(-1, rec["indices"], rec["values"])
+
+
+def state(stepper) -> dict:
+    """The stepper's learned state and counters (its ``/server_info`` record less wall times)."""
+    out = dict(stepper.as_dict())
+    out.pop("step_time", None)
+    return out
+
+
+# -- recording (in the server process) ---------------------------------------------------------
+class _Recorder:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.events: list[dict] = []
+        self.local = threading.local()
+        self.named: dict[str, Any] = {}  # engine objects, the step's plan and tree, held alive
+
+    @property
+    def refs(self) -> dict[int, str]:
+        return {id(obj): name for name, obj in self.named.items()}
+
+    def depth(self) -> int:
+        return getattr(self.local, "depth", 0)
+
+    def save(self) -> None:
+        tmp = self.path + ".tmp"
+        buffer = io.BytesIO()
+        torch.save(self.events, buffer)
+        with open(tmp, "wb") as f:
+            f.write(gzip.compress(buffer.getvalue(), mtime=0))
+        os.replace(tmp, self.path)
+
+
+_OWNERS = {"GraftRetrieval": "retrieval", "GraftStepper": "stepper", "CommitRing": "ring", "StepStats": "stats"}
+
+
+def _wrap(rec: _Recorder, cls: type, name: str) -> None:
+    static = isinstance(inspect.getattr_static(cls, name), staticmethod)
+    function = getattr(cls, name)
+
+    def recorded(*args, **kwargs):
+        if static:
+            self, owner, original = None, _OWNERS[cls.__name__], function
+        else:
+            self, args = args[0], args[1:]
+            owner, original = rec.refs.get(id(self), type(self).__name__), function.__get__(self)
+        if rec.depth() > 0:
+            return original(*args, **kwargs)
+        if name == "learn":  # (node_tokens, node_valid, logits, scopes)
+            args = list(args)
+            logits = args[2] if len(args) > 2 else kwargs.pop("logits")
+            event_args = plain(args[:2], rec.refs) + [compact_logits(logits)] + plain(args[3:], rec.refs)
+            if len(args) <= 2:
+                args.append(logits)
+        else:
+            event_args = plain(list(args), rec.refs)
+        event = {"call": f"{owner}.{name}", "args": event_args, "kwargs": plain(kwargs, rec.refs)}
+        rec.local.depth = 1
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            rec.local.depth = 0
+        if name in ("begin", "build"):  # the step's plan and tree: later calls refer to them
+            ref = "plan" if name == "begin" else "step"
+            event["result"] = plain(result, {k: v for k, v in rec.refs.items() if v != ref})
+            rec.named[ref] = result
+        elif name == "use_ring":
+            rec.named["ring"] = result
+            event["result"] = None
+        else:
+            event["result"] = plain(result, rec.refs)
+        rec.events.append(event)
+        if name == "end_step":
+            rec.events.append({"call": "stepper.state", "args": [], "kwargs": {}, "result": plain(state(self))})
+            rec.save()
+        return result
+
+    setattr(cls, name, staticmethod(recorded) if static else recorded)
+
+
+def _wrap_init(rec: _Recorder, cls: type, ref: str, skip: tuple = ()) -> None:
+    original = cls.__init__
+
+    def init(self, *args, **kwargs):
+        outer = rec.depth() == 0
+        if outer:
+            shown = [{"__ref__": "retrieval"} if i in skip else plain(a, rec.refs) for i, a in enumerate(args)]
+            kw = {k: (None if callable(v) else plain(v, rec.refs)) for k, v in kwargs.items()}
+            rec.events.append({"call": f"{ref}.__init__", "args": shown, "kwargs": kw, "result": None})
+        rec.local.depth = rec.depth() + 1
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            rec.local.depth -= 1
+        if outer:
+            rec.named[ref] = self
+            if ref == "stepper":  # the worker adds checked steps to its counters directly
+                rec.named["stats"] = self.stats
+
+    cls.__init__ = init
+
+
+def install(path: str) -> None:
+    """Record this process's engine calls to ``path`` (rewritten after every decode step)."""
+    from sglang_graft.budget import StepTimer
+    from sglang_graft.sglang.lagged import CommitRing
+    from sglang_graft.sglang.retrieval_state import GraftRetrieval
+    from sglang_graft.sglang.step import GraftStepper, StepStats
+
+    rec = _Recorder(path)
+    _wrap_init(rec, GraftRetrieval, "retrieval")
+    _wrap_init(rec, GraftStepper, "stepper", skip=(1,))
+    for cls in (GraftRetrieval, GraftStepper, CommitRing, StepStats):
+        for name in RECORDED[cls.__name__]:
+            _wrap(rec, cls, name)
+    end = StepTimer.end
+
+    def timed_end(self, payload=None):  # the clock: recorded wherever it is read
+        observed = end(self, payload)
+        rec.events.append({"call": "timer.end", "args": [plain(payload)], "kwargs": {}, "result": plain(observed)})
+        return observed
+
+    StepTimer.end = timed_end
+
+
+SITECUSTOMIZE = """
+import os, sys
+if os.environ.get("{env}"):
+    sys.path.insert(0, {test_dir!r})
+    import step_trace
+    step_trace.install(os.environ["{env}"])
+"""
+
+
+def load(path) -> list[dict]:
+    """A trace file's events (gzip-compressed ``torch.save`` of plain data)."""
+    with open(path, "rb") as f:
+        return torch.load(io.BytesIO(gzip.decompress(f.read())), weights_only=False)
+
+
+# -- replay ------------------------------------------------------------------------------------
+class Engine:
+    """How the replay builds the engine and maps recorded names onto it. ``classes``: recorded
+    dataclass name -> constructor taking the recorded fields as keywords; ``calls``: recorded
+    ``owner.method`` -> a callable ``(engine objects, *args, **kwargs)``, for methods whose name
+    or signature changed (the rest are called by their recorded name)."""
+
+    def __init__(self, make_retrieval: Callable, make_stepper: Callable, classes: dict, calls: dict | None = None,
+                 final_state: Callable | None = None) -> None:
+        self.make_retrieval = make_retrieval
+        self.make_stepper = make_stepper
+        self.classes = classes
+        self.calls = calls or {}
+        self.final_state = final_state
+
+
+class _ReplayTimer:
+    def __init__(self, timer, recorded: list) -> None:
+        self.timer = timer
+        self.recorded = recorded
+
+    def end(self, payload=None):
+        if not self.recorded:
+            raise AssertionError("the replay read the step timer more often than the recording")
+        want_payload, observed = self.recorded.pop(0)
+        if differences(plain(payload), want_payload):
+            raise AssertionError(f"timer.end payload {payload!r}, recorded {want_payload!r}")
+        return _rebuild(observed, {})
+
+    def __getattr__(self, name):
+        return getattr(self.timer, name)
+
+
+def _rebuild(x: Any, classes: dict, refs: dict | None = None) -> Any:
+    """Plain data back to arguments: dataclasses through ``classes``, refs to live objects."""
+    if isinstance(x, dict):
+        if "__ref__" in x:
+            return refs[x["__ref__"]]
+        if "__device__" in x:
+            return torch.device(x["__device__"])
+        if x.get("__logits__"):
+            return dense_logits(x)
+        if "__type__" in x:
+            fields = {k: _rebuild(v, classes, refs) for k, v in x.items() if k != "__type__"}
+            make = classes.get(x["__type__"])
+            if make is None:
+                raise KeyError(f"no class to rebuild a recorded {x['__type__']}")
+            return make(**fields)
+        return {k: _rebuild(v, classes, refs) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_rebuild(v, classes, refs) for v in x)
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    return x
+
+
+def replay(events: list[dict], engine: Engine) -> dict:
+    """Replay ``events`` against ``engine``; returns ``{"calls": n, "differences": [...]}``."""
+    timer_events = [(e["args"][0], e["result"]) for e in events if e["call"] == "timer.end"]
+    live: dict[str, Any] = {}
+    diffs: list[str] = []
+    calls = 0
+    for i, event in enumerate(events):
+        call = event["call"]
+        if call == "timer.end":
+            continue
+        if call == "stepper.state":
+            got = plain((engine.final_state or state)(live["stepper"]))
+            diffs += [f"event {i} {call}{d}" for d in differences(got, event["result"])]
+            continue
+        owner, method = call.split(".", 1)
+        if call == "retrieval.__init__":
+            args = _rebuild(event["args"], engine.classes, live)
+            live["retrieval"] = engine.make_retrieval(*args, **_rebuild(event["kwargs"], engine.classes, live))
+            continue
+        if call == "stepper.__init__":
+            args = _rebuild(event["args"], engine.classes, live)
+            stepper = engine.make_stepper(*args, **_rebuild(event["kwargs"], engine.classes, live))
+            stepper.timer = _ReplayTimer(stepper.timer, timer_events)
+            live["stepper"], live["stats"] = stepper, stepper.stats
+            continue
+        args = _rebuild(event["args"], engine.classes, live)
+        kwargs = _rebuild(event["kwargs"], engine.classes, live)
+        fn = engine.calls.get(call)
+        result = fn(live, *args, **kwargs) if fn is not None else getattr(live[owner], method)(*args, **kwargs)
+        calls += 1
+        if method in ("begin", "build"):
+            got = plain(result, {id(v): k for k, v in live.items() if k not in ("plan", "step")})
+            live["plan" if method == "begin" else "step"] = result
+            diffs += [f"event {i} {call}{d}" for d in differences(got, event["result"])]
+            continue
+        elif method == "use_ring":
+            live["ring"] = result
+            continue
+        got = plain(result, {id(v): k for k, v in live.items()})
+        diffs += [f"event {i} {call}{d}" for d in differences(got, event["result"])]
+        if len(diffs) > 20:
+            break
+    if timer_events and not diffs:
+        diffs.append(f"{len(timer_events)} recorded timer reads left unread")
+    return {"calls": calls, "differences": diffs, "live": live}
