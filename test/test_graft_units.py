@@ -4,6 +4,7 @@ adapters (against the tree core's reference), and the config plumbing."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -62,6 +63,16 @@ def test_bad_config_names_the_flag(cfg, kw, flag):
         _validate(cfg, **kw)
     msg = str(err.value)
     assert flag in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("name", [n for n, spec in gc._FLAGS.items() if "choices" in spec])
+def test_bad_choice_names_the_flag_the_value_and_the_choices(name):
+    """Every flag with choices is checked against the choices its CLI flag was declared with."""
+    with pytest.raises(ValueError) as err:
+        _validate(dataclasses.replace(gc.GraftConfig(), **{name: "bogus"}))
+    msg = str(err.value)
+    assert gc.flag_name(name) in msg and "'bogus'" in msg and "\n" not in msg, msg
+    assert all(c in msg for c in gc._FLAGS[name]["choices"]), msg
 
 
 def _server_args(**kw):

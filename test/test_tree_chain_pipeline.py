@@ -11,12 +11,12 @@ from sglang_graft.tree import (
     PruneConfig,
     build_graft_tree,
     chain_pool,
-    draft_depths,
     draft_pool_from_sglang,
-    draft_pool_size,
-    graft_anchor,
     prune_by_confidence,
 )
+from sglang_graft.tree.draft import draft_depths
+from sglang_graft.tree.graft import graft_anchor
+from sglang_graft.tree.types import draft_pool_size
 from test_tree_graft import check_tree
 from test_tree_support import random_pool, random_proposals
 

@@ -10,7 +10,6 @@ from test_tree_support import DEVICES, py_ancestors, py_children, random_proposa
 
 from sglang_graft.tree import (
     DraftPool,
-    PrunedDraft,
     PruneConfig,
     RetrievalProposals,
     TreeMaskMode,
@@ -18,11 +17,12 @@ from sglang_graft.tree import (
     draft_pool_from_sglang,
     encode_tree_mask,
     flatten,
-    full_tree_mask,
     graft,
-    graft_anchor,
     new_retrieved_values,
 )
+from sglang_graft.tree.flatten import full_tree_mask
+from sglang_graft.tree.graft import graft_anchor
+from sglang_graft.tree.types import PrunedDraft
 
 
 def _make_case(seed, bs, n, topk, steps, vocab, r, taus, keep, device="cpu"):

@@ -18,11 +18,11 @@ from sglang_graft.tree import (
     PruneConfig,
     build_graft_tree,
     draft_pool_from_sglang,
-    emitted_tokens,
     flatten,
     target_probs_from_logits,
     verify_tree_sampling,
 )
+from sglang_graft.tree.verify import emitted_tokens
 
 VOCAB = 6
 N = 14

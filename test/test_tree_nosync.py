@@ -14,16 +14,15 @@ from test_tree_support import DEVICES, random_proposals, simulate_eagle_draft
 
 from sglang_graft.tree import (
     DraftPool,
-    HostSyncError,
     PruneConfig,
     RetrievalProposals,
     build_graft_tree,
     draft_pool_from_sglang,
-    forbid_host_sync,
-    full_tree_mask,
     verify_tree_greedy,
     verify_tree_sampling,
 )
+from sglang_graft.tree.flatten import full_tree_mask
+from sglang_graft.tree.guards import HostSyncError, forbid_host_sync
 
 BS, TOPK, STEPS, N, R, VOCAB = 3, 4, 6, 60, 52, 40
 CONFIG = PruneConfig(thresholds=(0.3, 0.2, 0.05))

@@ -14,9 +14,9 @@ from sglang_graft.tree import (
     build_graft_tree,
     confidence_at_checkpoints,
     draft_pool_from_sglang,
-    keep_best_draft_nodes,
     prune_by_confidence,
 )
+from sglang_graft.tree.prune import keep_best_draft_nodes
 
 
 def _to(pool: DraftPool, device: str) -> DraftPool:

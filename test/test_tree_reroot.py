@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_graft.tree import RetrievalProposals, forbid_host_sync, reroot_proposals
+from sglang_graft.tree import RetrievalProposals, reroot_proposals
+from sglang_graft.tree.guards import forbid_host_sync
 
 # --------------------------------------------------------------------------------------
 # Reference: loops over rows and nodes, straight from the definition

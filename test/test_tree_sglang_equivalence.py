@@ -22,14 +22,14 @@ from sglang_graft.tree import (
     RetrievalProposals,
     TreeMaskMode,
     build_graft_tree,
-    build_tree_from_sglang_draft,
     draft_pool_from_sglang,
     flatten,
-    full_tree_mask,
     sglang_draft_tree_layout,
     tree_layout_from_mask,
     verify_tree_greedy,
 )
+from sglang_graft.tree.draft import build_tree_from_sglang_draft
+from sglang_graft.tree.flatten import full_tree_mask
 
 # (bs, topk, num_steps, N)
 DRAFT_CONFIGS = [(2, 2, 3, 6), (3, 4, 3, 12), (2, 3, 4, 16), (1, 1, 3, 4), (2, 2, 1, 3), (1, 4, 5, 20)]

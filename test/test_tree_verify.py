@@ -14,13 +14,11 @@ from sglang_graft.tree import (
     PruneConfig,
     build_graft_tree,
     draft_pool_from_sglang,
-    emitted_tokens,
     target_probs_from_logits,
     verify_tree_greedy,
-    verify_layout_greedy,
-    verify_tree_greedy_into,
     verify_tree_sampling,
 )
+from sglang_graft.tree.verify import emitted_tokens, verify_layout_greedy, verify_tree_greedy_into
 
 PAD = 0
 

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from sglang_graft.tree._ops import reduce_along_path
+from sglang_graft.tree import reduce_along_path
 
 __all__ = ["StepCost", "AcceptanceCalibration", "StepTimer", "expected_tokens", "choose_budget", "path_values",
            "PHASES"]
@@ -47,7 +47,8 @@ class StepCost:
     in the tokens verified ``T = bs * N`` over power-of-two buckets (a GPU's flat-then-linear
     curve and a CPU's linear one are both represented). It mixes batch shapes: 16 tokens may be
     one request verifying 16 nodes or 8 requests verifying 2 each, and on a CPU the second costs
-    more (every request attends over its own context: 0.25 s against 0.13 s in one serving run).
+    more (every request attends over its own context; the README's "Running GRAFT" section has a
+    measurement).
     So each *batch-size bucket x budget* cell also keeps what that shape cost and the mean batch
     size it was measured at; :meth:`verify_at` reads the cells and falls back to the curve.
 
@@ -142,7 +143,7 @@ class StepCost:
         the nearest measured cell of this bucket or of this budget; else the token curve. A cell
         is moved along the token curve from the batch size it was measured at to ``bs``.
 
-        Example: measured (bs 1, N 16) 0.12 s, (bs 1, N 1) 0.05 s, (bs 8, N 1) 0.15 s at bs 8:
+        Example with made-up cells (bs 1, N 16) 0.12 s, (bs 1, N 1) 0.05 s, (bs 8, N 1) 0.15 s at bs 8:
         ``verify_at(8, 16) = 0.15 * 0.12 / 0.05 = 0.36``.
         """
         if num_nodes not in self.budgets:

@@ -1,8 +1,8 @@
 """The numba JIT settings shared by the host-side retrieval kernels.
 
 numba is a runtime requirement of SGLang, so it is present wherever this package serves.
-Kernels are cached on disk (``cache=True``): the first process compiles them (a few seconds,
-see ``benchmark/retrieval_bench.py``), later processes load the cached machine code.
+Kernels are cached on disk (``cache=True``): the first process compiles them, later processes
+load the cached machine code (``benchmark/retrieval_bench.py`` times both).
 """
 
 from __future__ import annotations

@@ -40,10 +40,10 @@ SMALL_ROWS = range(2, 8)
 
 def _lm_head_small_batch(original, processor, hidden_states, lm_head, embedding_bias=None, *args, **kwargs):
     """AROUND ``LogitsProcessor._compute_lm_head`` on CPU: for 2-7 rows (a verify of a few draft
-    tokens, a small decode batch), ``torch.matmul(h, W.T)`` against a large vocabulary takes 2-3x
-    the time of one row on CPUs without AMX (SmolLM2's 49152 x 576 head, 1 thread: 7 ms for one
-    row, 14 / 22 / 13 ms for 2 / 3 / 4), while ``W @ h.T`` takes 4-6 ms. The same product, taken
-    only where SGLang would take its plain matmul branch."""
+    tokens, a small decode batch), compute the logits as ``(W @ h.T).T`` instead of SGLang's
+    ``h @ W.T``: against a large vocabulary, torch's ``h @ W.T`` is slower than ``W @ h.T`` for
+    2-7 rows on CPUs without AMX (the README's CPU install profile has the measurement). The
+    same product, taken only where SGLang would take its plain matmul branch."""
     from sglang_graft.sglang import seams
 
     rows = hidden_states.shape[0] if hidden_states.dim() == 2 else 0
