@@ -63,9 +63,11 @@ def check_entry_point() -> str:
 
 
 def check_register() -> str:
+    import sglang_cpu_port
     from sglang_graft.sglang import plugin, seams
 
     plugin.register()
+    sglang_cpu_port.register()  # the CPU port's own plugin (a no-op off the CPU profile), as SGLang's loader would
     hooks = seams.registered_hooks()
     if not hooks:
         raise Failed("register() registered no hook with SGLang's HookRegistry")

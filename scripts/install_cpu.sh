@@ -20,7 +20,7 @@ pip install --no-deps sglang==0.5.23
 pip install -c requirements/cpu-constraints.txt -r requirements/cpu.txt
 # 4. sglang-graft, editable, without re-resolving SGLang's CUDA pins.
 pip install --no-deps --no-build-isolation -e .
-# 5. The interpreter-start hook of the CPU profile (see python/sglang_graft/sglang/cpu/boot.py).
+# 5. The interpreter-start hook of the CPU profile (see python/sglang_cpu_port/boot.py).
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "import sglang_graft.sglang.cpu.boot" > "$SITE/sglang_graft_cpu.pth"
+echo "import sglang_cpu_port.boot" > "$SITE/sglang_graft_cpu.pth"
 "$VENV/bin/python" -c 'import sglang_graft, sgl_kernel, torchvision.transforms; print("sglang-graft CPU profile ready:", sgl_kernel.__version__)'

@@ -1,4 +1,4 @@
-"""The CPU MoE shims (``sglang_graft.sglang.cpu.moe``) against references computed in plain torch:
+"""The CPU MoE shims (``sglang_cpu_port.moe``) against references computed in plain torch:
 Qwen2-MoE's gated shared expert (SGLang's Triton ``fused_gate_sigmoid_mul_add``) and the native
 MoE loop under expert parallelism (``-1`` ids for other ranks' experts), each through SGLang's own
 function where there is one; no server."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_graft.sglang.cpu import moe
+from sglang_cpu_port import moe
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from sglang_graft.sglang.cpu import kv_ops
-from sglang_graft.sglang.cpu.attention import decode_attention_cpu, extend_attention_cpu, register_attention_ops
+from sglang_cpu_port import kv_ops
+from sglang_cpu_port.attention import decode_attention_cpu, extend_attention_cpu, register_attention_ops
 
 
 def _ref_attention(q, keys, values, allowed, scale, cap, sink):
@@ -199,7 +199,7 @@ def test_standin_serves_sgl_kernel_and_names_missing_ops_at_call_time():
 def test_small_batch_lm_head_is_the_same_product_and_contiguous(rows):
     from types import SimpleNamespace
 
-    from sglang_graft.sglang.cpu import _lm_head_small_batch
+    from sglang_cpu_port import _lm_head_small_batch
 
     g = torch.Generator().manual_seed(rows)
     lm_head = SimpleNamespace(weight=torch.randn(300, 16, generator=g))
@@ -223,7 +223,7 @@ def test_a_cpu_launcher_forks_its_children_and_a_cuda_one_keeps_spawn():
     import multiprocessing
     from types import SimpleNamespace
 
-    from sglang_graft.sglang.cpu import _fork_subprocesses
+    from sglang_cpu_port import _fork_subprocesses
 
     before = multiprocessing.get_start_method(allow_none=True)
     try:

@@ -127,7 +127,7 @@ DRIFT_SHIM = textwrap.dedent('''
 
     import torch
 
-    from sglang_graft import tp_check
+    from sglang_graft.engine import tp_check
 
     _TRIGGER = os.environ["GRAFT_TEST_DRIFT_FILE"]
     _step = tp_check.TreeHashCheck.step

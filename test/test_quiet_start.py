@@ -57,8 +57,8 @@ def _group_alive(pgid: int) -> bool:
 
 _PROBE = """
 import json, logging, warnings
-import sglang_graft.sglang.cpu.boot as boot
-from sglang_graft.sglang.cpu import quiet
+import sglang_cpu_port.boot as boot
+from sglang_cpu_port import quiet
 ours = {m for m, _ in quiet.WARNINGS}
 print(json.dumps({"active": boot.cpu_profile_active(),
                   "filtered": sorted(n for n in quiet.LOGGERS
@@ -74,7 +74,7 @@ def test_filters_installed_only_with_the_cpu_profile(flag):
     env = {**os.environ, "SGLANG_GRAFT_CPU": flag}
     out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True)
     state = json.loads(out.stdout.strip().splitlines()[-1])
-    from sglang_graft.sglang.cpu import quiet
+    from sglang_cpu_port import quiet
 
     assert state["active"] is (flag == "1")
     assert state["filtered"] == (sorted(quiet.LOGGERS) if flag == "1" else [])
@@ -82,7 +82,7 @@ def test_filters_installed_only_with_the_cpu_profile(flag):
 
 
 def test_install_is_a_no_op_when_the_profile_is_off():
-    from sglang_graft.sglang.cpu import quiet
+    from sglang_cpu_port import quiet
 
     loggers = [logging.getLogger(n) for n in quiet.LOGGERS]
     before = [list(lg.filters) for lg in loggers], list(warnings.filters)
@@ -95,7 +95,7 @@ def _record(name: str, level: int, msg: str) -> logging.LogRecord:
 
 
 def test_filter_drops_only_the_named_messages(monkeypatch):
-    from sglang_graft.sglang.cpu import quiet
+    from sglang_cpu_port import quiet
 
     f = quiet.QuietFilter()
     registry = "sglang.srt.models.registry"
@@ -129,7 +129,7 @@ def test_filter_drops_only_the_named_messages(monkeypatch):
 
 
 def test_nofile_soft_limit_raised_as_far_as_the_hard_limit(monkeypatch):
-    from sglang_graft.sglang.cpu import quiet
+    from sglang_cpu_port import quiet
 
     calls = []
     monkeypatch.setattr(quiet.resource, "setrlimit", lambda kind, limits: calls.append(limits))
@@ -143,7 +143,7 @@ def test_nofile_soft_limit_raised_as_far_as_the_hard_limit(monkeypatch):
 
 
 def test_dropped_records_still_print_at_debug_level():
-    from sglang_graft.sglang.cpu import quiet
+    from sglang_cpu_port import quiet
 
     logger = logging.getLogger("sglang.srt.distributed.bootstrap")
     record = _record(logger.name, logging.WARNING, "init_cpu_threads_env and shared memory based AllReduce is "

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglang_graft.config import GraftConfig
-from sglang_graft.sglang.retrieval_state import GraftRetrieval, NotAdmittedError
+from sglang_graft.engine.retrieval_state import GraftRetrieval, NotAdmittedError
 
 VOCAB = 64
 

@@ -15,6 +15,7 @@ import pytest
 from sglang_graft.sglang import seams
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "sglang_graft"
+CPU_PORT = PACKAGE.parent / "sglang_cpu_port"
 ALL_SEAMS = [v for v in vars(seams).values() if isinstance(v, seams.Seam)]
 
 
@@ -52,14 +53,15 @@ def test_overrides_must_override_an_sglang_method():
 
 
 def test_only_seams_imports_sglang():
+    """GRAFT and the CPU port reach SGLang only through ``sglang_graft/sglang/seams.py``."""
+    files = [p for package in (PACKAGE, CPU_PORT) for p in package.rglob("*.py")]
     pattern = re.compile(r"^\s*(from|import)\s+sglang(\.|\s|$)", re.M)
-    offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                 if p.name != "seams.py" and pattern.search(p.read_text())]
+    offenders = [str(p.relative_to(PACKAGE.parent)) for p in files if p.name != "seams.py" and pattern.search(p.read_text())]
     assert offenders == []
     dotted = re.compile(r"[\"']sglang\.srt\.")
-    # cpu/quiet.py names SGLang's loggers and warning modules to filter, it imports nothing of SGLang
-    # (a renamed logger only lets its warning through again)
-    assert [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+    # the CPU port's quiet.py names SGLang's loggers and warning modules to filter, it imports nothing
+    # of SGLang (a renamed logger only lets its warning through again)
+    assert [str(p.relative_to(PACKAGE.parent)) for p in files
             if p.name not in ("seams.py", "quiet.py") and dotted.search(p.read_text())] == []
 
 

@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_graft.budget import AcceptanceCalibration, StepCost, choose_budget, expected_tokens, path_values
+from sglang_graft.engine.budget import AcceptanceCalibration, StepCost, choose_budget, expected_tokens, path_values
 from sglang_graft.config import GraftConfig
-from sglang_graft.sglang.retrieval_state import GraftRetrieval
-from sglang_graft.sglang.step import GraftStepper
+from sglang_graft.engine.retrieval_state import GraftRetrieval
+from sglang_graft.engine.step import GraftStepper
 from sglang_graft.tree import chain_pool
 from test_tree_support import random_pool
 
@@ -296,7 +296,7 @@ def _at(t: float) -> None:
 
 
 def test_event_timer_reports_a_step_once_its_events_completed():
-    from sglang_graft.budget import StepTimer
+    from sglang_graft.engine.budget import StepTimer
 
     timer = StepTimer(event_factory=_FakeEvent)
     _FakeEvent.now = _FakeEvent.done_until = 0.0
@@ -332,7 +332,7 @@ def test_event_timer_reports_a_step_once_its_events_completed():
 
 
 def test_host_timer_reports_every_step_at_once():
-    from sglang_graft.budget import StepTimer
+    from sglang_graft.engine.budget import StepTimer
 
     timer = StepTimer("cpu")
     timer.begin()

@@ -23,9 +23,9 @@ TRACES = sorted((Path(__file__).resolve().parent / "data" / "step_traces").glob(
 
 def _engine() -> Engine:
     from sglang_graft.config import GraftConfig
-    from sglang_graft.sglang.lagged import LaggedEntry
-    from sglang_graft.sglang.retrieval_state import GraftRetrieval
-    from sglang_graft.sglang.step import GraftStepper
+    from sglang_graft.engine.lagged import LaggedEntry
+    from sglang_graft.engine.retrieval_state import GraftRetrieval
+    from sglang_graft.engine.step import GraftStepper
     from sglang_graft.tree import DraftPool, RetrievalProposals
 
     return Engine(make_retrieval=GraftRetrieval, make_stepper=GraftStepper,

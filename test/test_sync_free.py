@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_graft.config import GraftConfig, validate
-from sglang_graft.sglang.lagged import LEVELS_USED, NUM_FIXED_STATS, CommitRing
-from sglang_graft.sglang.retrieval_state import GraftRetrieval
-from sglang_graft.sglang.step import GraftStepper
+from sglang_graft.engine.lagged import LEVELS_USED, NUM_FIXED_STATS, CommitRing
+from sglang_graft.engine.retrieval_state import GraftRetrieval
+from sglang_graft.engine.step import GraftStepper
 from sglang_graft.tree import HostReadCounter
 from test_tree_support import random_pool
 
@@ -188,7 +188,7 @@ def test_the_same_decisions_read_the_host_without_sync_free():
         plan = s.begin(["a"], torch.tensor([3]), s.retrieval.ring.pending(torch.tensor([0])))
         s.keep_drafting(plan, pools[0])
         s.build(plan, pools[min(plan.passes, 1)], torch.tensor([5]))
-    assert reads.total("sglang_graft.sglang.step") == 2, reads.sites
+    assert reads.total("sglang_graft.engine.step") == 2, reads.sites
 
 
 def test_sync_free_flag():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sglang_graft.config import GraftConfig, validate
-from sglang_graft.tp_check import TreeDivergenceError, TreeHashCheck, tree_hash
+from sglang_graft.engine.tp_check import TreeDivergenceError, TreeHashCheck, tree_hash
 
 
 def _tree(seed: int):

@@ -17,9 +17,9 @@ import torch
 
 from sglang_graft.config import GraftConfig
 from sglang_graft.sglang import seams
-from sglang_graft.sglang.retrieval_state import GraftRetrieval, NotAdmittedError
-from sglang_graft.sglang.step import GraftStepper, StepPlan
-from sglang_graft.tp_check import TreeHashCheck
+from sglang_graft.engine.retrieval_state import GraftRetrieval, NotAdmittedError
+from sglang_graft.engine.step import GraftStepper, StepPlan
+from sglang_graft.engine.tp_check import TreeHashCheck
 from sglang_graft.tree import (
     DraftPool, TreeMaskMode, chain_pool, draft_pool_from_sglang, encode_tree_mask, from_host,
     write_tree_mask,

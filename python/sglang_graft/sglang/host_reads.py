@@ -42,8 +42,8 @@ from sglang_graft.sglang import seams
 from sglang_graft.tree import HostReadCounter
 
 ENV = "SGLANG_GRAFT_COUNT_HOST_READS"
-# GRAFT's CPU stand-ins for SGLang's CUDA kernels (KV copies, attention): SGLang's work, not GRAFT's.
-CPU_KERNELS = "sglang_graft.sglang.cpu"
+# The CPU port's stand-ins for SGLang's CUDA kernels (KV copies, attention): SGLang's work, not GRAFT's.
+CPU_KERNELS = "sglang_cpu_port"
 _PACKAGE = "sglang_graft"
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 
 def register() -> None:
-    """Register ``--speculative-algorithm GRAFT``, its flags and hooks, and CPU support on CPU."""
-    from sglang_graft.sglang import algorithm, cpu, hooks, host_reads
+    """Register ``--speculative-algorithm GRAFT``, its flags and hooks (SGLang on a CPU is the
+    separate ``sglang_cpu_port`` plugin)."""
+    from sglang_graft.sglang import algorithm, hooks, host_reads
 
     algorithm.register_algorithm()
     algorithm.register_hooks()
     hooks.register()
     host_reads.register()
-    cpu.install_hooks()

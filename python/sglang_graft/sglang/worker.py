@@ -1,7 +1,7 @@
 """``GraftWorkerV2``: SGLang's EAGLE V2 worker with GRAFT's tree in place of the dense top-N tree.
 
 SGLang's ``EAGLEWorkerV2.forward_batch_generation`` drives every step, unchanged. GRAFT's decode
-step, per batch (the decisions live in :mod:`sglang_graft.sglang.step`):
+step, per batch (the decisions live in :mod:`sglang_graft.engine.step`):
 
 1. **retrieve** (``draft_worker.GraftDraftWorker.draft``): proposals under each request's root,
    valued;
@@ -20,7 +20,7 @@ requests to retrieval. Every SGLang internal used here comes from :mod:`sglang_g
 
 Sync-free (``--speculative-graft-sync-free``, on by default on CUDA): step 5 enqueues copies instead
 of reading, and every worker call starts by taking in what calls two back committed
-(:mod:`sglang_graft.sglang.lagged`); GRAFT then reads no device value on the host.
+(:mod:`sglang_graft.engine.lagged`); GRAFT then reads no device value on the host.
 ``SGLANG_GRAFT_COUNT_HOST_READS=1`` counts the host reads inside every worker call, GRAFT's and
 SGLang's apart (``host_reads`` in ``/server_info``).
 """
@@ -35,13 +35,14 @@ from typing import Optional
 import torch
 
 from sglang_graft.config import GraftConfig
-from sglang_graft.sglang import lagged, sampling, seams
+from sglang_graft.engine import lagged
+from sglang_graft.sglang import sampling, seams
 from sglang_graft.sglang.attention_kernels import COUNT_ENV, AttentionKernelCounter
 from sglang_graft.sglang.metrics import maybe_prometheus
 from sglang_graft.sglang.draft_worker import GraftDraftWorker, GraftVerifyInput, verify_mask_mode
-from sglang_graft.sglang.retrieval_state import GraftRetrieval
-from sglang_graft.sglang.step import GraftStepper, StepPlan
-from sglang_graft.tp_check import TreeHashCheck
+from sglang_graft.engine.retrieval_state import GraftRetrieval
+from sglang_graft.engine.step import GraftStepper, StepPlan
+from sglang_graft.engine.tp_check import TreeHashCheck
 from sglang_graft.tree import HostReadCounter, warm_up_graft_kernels
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@
   none) and the MoE layer's all-reduce over the ranks adds them up; SGLang's loop still does the
   expert math (activations, biases). Without ``-1`` ids the call is SGLang's own, unchanged.
 
-Both are registered by :func:`sglang_graft.sglang.cpu.install_hooks` (CPU serving only).
+Both are registered by :func:`sglang_cpu_port.install_hooks` (CPU serving only).
 """
 
 from __future__ import annotations

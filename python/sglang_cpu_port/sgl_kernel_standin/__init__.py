@@ -1,6 +1,6 @@
 """Stand-in for ``sgl_kernel`` on CPUs without a CPU build of sgl-kernel (CPU profile only).
 
-It is served under the name ``sgl_kernel`` by ``sglang_graft.sglang.cpu.boot`` when no real
+It is served under the name ``sgl_kernel`` by ``sglang_cpu_port.boot`` when no real
 ``sgl_kernel`` is importable. It provides pure-torch versions of the CPU ops SGLang 0.5.23
 calls for plain and speculative serving, and registers the two attention ops the ``intel_amx``
 backend reads from ``torch.ops.sgl_kernel``. Any other name resolves to a function that raises
@@ -10,8 +10,8 @@ while failing at call time names the missing op. ``convert_weight_packed`` is de
 absent, so SGLang keeps its AMX weight-packing paths off (``cpu_has_amx_support()`` is False).
 """
 
-from sglang_graft.sglang.cpu.attention import register_attention_ops
-from sglang_graft.sglang.cpu.kv_ops import (  # noqa: F401
+from sglang_cpu_port.attention import register_attention_ops
+from sglang_cpu_port.kv_ops import (  # noqa: F401
     assign_draft_cache_locs_contiguous_cpu,
     assign_extend_cache_locs_cpu,
     assign_req_to_token_pool_cpu,
@@ -20,7 +20,7 @@ from sglang_graft.sglang.cpu.kv_ops import (  # noqa: F401
     fill_accept_out_cache_loc_cpu,
     fill_bonus_tokens_cpu,
 )
-from sglang_graft.sglang.cpu.tree_ops import (  # noqa: F401
+from sglang_cpu_port.tree_ops import (  # noqa: F401
     build_tree_kernel_efficient_cpu,
     reconstruct_indices_from_tree_mask,
     verify_tree_greedy_cpu,

@@ -136,7 +136,7 @@ def install(active: bool | None = None) -> bool:
     the CPU profile is active (``active=None``: ask ``boot.cpu_profile_active()``)."""
     global _installed
     if active is None:
-        from sglang_graft.sglang.cpu.boot import cpu_profile_active
+        from sglang_cpu_port.boot import cpu_profile_active
 
         active = cpu_profile_active()
     if not active:

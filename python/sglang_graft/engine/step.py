@@ -1,6 +1,6 @@
 """GRAFT's per-step decisions, SGLang-free: retrieval first, how deep to draft, which verify budget.
 
-The worker (``worker.py``) adapts SGLang's objects to these calls, in this order per decode step:
+The worker (``sglang_graft.sglang.worker``) adapts SGLang's objects to these calls, in this order per decode step:
 
 1. :meth:`GraftStepper.begin` -- before the draft: each request's first root reaches its store,
    retrieval proposes under the root tokens (the published placement needs nothing from the
@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from sglang_graft.budget import (
+from sglang_graft.engine.budget import (
     AcceptanceCalibration,
     StepCost,
     StepTimer,
@@ -41,8 +41,8 @@ from sglang_graft.budget import (
     path_values,
 )
 from sglang_graft.config import GraftConfig
-from sglang_graft.sglang.lagged import LEVELS_USED, NUM_FIXED_STATS, LaggedEntry
-from sglang_graft.sglang.retrieval_state import GraftRetrieval
+from sglang_graft.engine.lagged import LEVELS_USED, NUM_FIXED_STATS, LaggedEntry
+from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.tree import (
     DraftPool,
     GraftStep,
@@ -375,9 +375,4 @@ class GraftStepper:
                 "calibration": self.calibration.as_dict()}
 
 
-def chain_so_far(tokens: list[torch.Tensor], probs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack a chain draft's recorded tokens / step probabilities (each ``[bs]``)."""
-    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
-
-
-__all__ = ["GraftStepper", "StepPlan", "StepStats", "chain_so_far"]
+__all__ = ["GraftStepper", "StepPlan", "StepStats"]

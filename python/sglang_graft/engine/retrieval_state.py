@@ -10,7 +10,7 @@ from the scheduler's ``output_ids`` (which lag one step under the overlap schedu
 * :meth:`add_roots` appends the prefill's sampled token (the first root) at the first decode step;
 * :meth:`commit` appends every verify step's accepted tokens and bonus token.
 
-Sync-free (``--speculative-graft-sync-free``): :attr:`ring` (a :class:`~sglang_graft.sglang.lagged.CommitRing`)
+Sync-free (``--speculative-graft-sync-free``): :attr:`ring` (a :class:`~sglang_graft.engine.lagged.CommitRing`)
 keeps each request's newest committed path on the device; :meth:`drain` commits the older paths
 when their host copies are known complete, and proposals are re-rooted along the newest path on
 the device (``propose_scored(..., pending=...)``).
@@ -31,7 +31,7 @@ import torch
 
 from sglang_graft.config import GraftConfig
 from sglang_graft.retrieval import RecyclingMatrix, RetrievalStore, ScopeTable, stack_trees
-from sglang_graft.sglang.lagged import CommitRing, LaggedEntry
+from sglang_graft.engine.lagged import CommitRing, LaggedEntry
 from sglang_graft.tree import RetrievalProposals, from_host, node_depths, reroot_proposals
 
 WARMUP_RID = "__graft_warmup__"

@@ -1,7 +1,8 @@
-"""SGLang 0.5.23 on x86 CPUs without AMX and without a CPU build of sgl-kernel.
+"""SGLang 0.5.23 on x86 CPUs without AMX and without a CPU build of sgl-kernel: a port of SGLang,
+not part of GRAFT (GRAFT's plugin does not import it; it serves any SGLang model on a CPU).
 
 ``boot`` (interpreter start, CPU profile only) makes SGLang importable; ``install_hooks`` (called
-by the plugin entry point) keeps SGLang's ``intel_amx`` attention backend, whose kernels the
+by this package's own ``sglang.srt.plugins`` entry point, :func:`register`) keeps SGLang's ``intel_amx`` attention backend, whose kernels the
 stand-in provides in pure torch, on CPUs that have no AMX, and replaces two MoE paths that fail on
 a CPU (``moe``: Qwen2-MoE's Triton shared-expert gate, ``--ep-size > 1``'s ``-1`` expert ids).
 """
@@ -96,7 +97,7 @@ def take_cuda_branches() -> None:
 def install_hooks() -> bool:
     """Register the CPU hooks with SGLang's HookRegistry; a no-op unless the stand-in serves."""
     from sglang_graft.sglang import seams
-    from sglang_graft.sglang.cpu import moe, quiet
+    from sglang_cpu_port import moe, quiet
 
     if not (seams.IS_CPU.resolve()() and standin_active()):
         return False
@@ -110,3 +111,8 @@ def install_hooks() -> bool:
     quiet.raise_nofile_limit()  # as far as SGLang's own set_ulimit would, were the hard limit lower
     logger.info("sglang-graft: CPU support active (pure-torch sgl_kernel stand-in, intel_amx backend kept)")
     return True
+
+
+def register() -> None:
+    """Entry point of the ``sglang.srt.plugins`` group (SGLang calls it in every process)."""
+    install_hooks()

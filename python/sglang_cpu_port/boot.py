@@ -99,7 +99,7 @@ def install() -> bool:
         sys.meta_path.insert(0, _TorchvisionSchemaHook())
     if not any(isinstance(f, _SglKernelStandinFinder) for f in sys.meta_path):
         sys.meta_path.append(_SglKernelStandinFinder())
-    from sglang_graft.sglang.cpu import quiet
+    from sglang_cpu_port import quiet
 
     quiet.install(active=True)
     return True

@@ -1,0 +1,12 @@
+"""GRAFT's engine: the per-step decisions and the state they learn from, SGLang-free.
+
+* ``step``: :class:`~sglang_graft.engine.step.GraftStepper`, a decode step's decisions (draft
+  depth, verify budget, tree) and their plan;
+* ``retrieval_state``: each request's retrieval stores and the recycling matrix, fed by the worker;
+* ``budget``: the acceptance calibration, the step cost model and the budget rule;
+* ``lagged``: the sync-free step's commit ring (results reach the host two calls later);
+* ``tp_check``: tree hashes compared across tensor-parallel ranks.
+
+May import ``sglang_graft.tree``, ``sglang_graft.retrieval``, ``sglang_graft.config`` and
+``sglang_graft.kernels``; never SGLang or ``sglang_graft.sglang`` (test/test_layers.py).
+"""
