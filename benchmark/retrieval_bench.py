@@ -273,7 +273,7 @@ def bench_admission_stall(prompt: int, steps: int, seed: int) -> dict:
     the first decode step only appends the prefill's token.
     """
     from sglang_graft.config import GraftConfig
-    from sglang_graft.sglang.retrieval_state import GraftRetrieval
+    from sglang_graft.engine.retrieval_state import GraftRetrieval
 
     stream = synthetic_stream(prompt + 8 * 1024 + 4 * steps + 64, seed)
     rng = np.random.default_rng(seed)

@@ -267,7 +267,7 @@ def render_economy(economy: dict) -> str:
     """Where a GRAFT step's time goes, how deep it drafts, which budgets it verifies."""
     if not economy:
         return ""
-    from sglang_graft.budget import PHASES
+    from sglang_graft.engine.budget import PHASES
 
     lines = ["", "Step-time breakdown (ms per decode step, whole run; `other` = SGLang's bookkeeping and "
              "feeding retrieval) and draft passes:", "",
