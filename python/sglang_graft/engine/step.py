@@ -136,7 +136,6 @@ class GraftStepper:
         self.timer = StepTimer(device)
         self.stats = StepStats()
         self.checkpoints = cfg.resolved_checkpoints(num_steps)
-        self.last_plan: Optional[StepPlan] = None
         self.prune = {n: cfg.prune_config(n, num_steps) for n in self.budgets}
         self.sync_free = sync_free
         # [C + 1] bool per pruning stage: whether it keeps any draft node (a keep fraction above 0)
@@ -177,14 +176,14 @@ class GraftStepper:
                 torch.zeros(bs, dtype=torch.bool, device=root.device)
         explore_k = self.explore_index() if self.cost_aware else None
         explore = explore_k is not None
-        self.last_plan = StepPlan(rids=rids, root=root, proposals=proposals, proposal_bins=bins, retrieval_confident=confident,
+        plan = StepPlan(rids=rids, root=root, proposals=proposals, proposal_bins=bins, retrieval_confident=confident,
                         scopes=scopes, exit_depth=torch.full((bs,), self.num_steps - 1, dtype=torch.int64,
                                                              device=root.device),
                         stage=torch.full((bs,), len(self.checkpoints), dtype=torch.int64, device=root.device),
                         explore=explore, explore_k=explore_k)
         if self.sync_free:
-            self.last_plan.planned_passes = self._planned_passes(explore)
-        return self.last_plan
+            plan.planned_passes = self._planned_passes(explore)
+        return plan
 
     def observe(self, entries: Sequence[LaggedEntry]) -> None:
         """Sync-free: steps whose results reached the host (oldest first)."""

@@ -24,6 +24,7 @@ from sglang_graft.tree import (
     DraftPool, TreeMaskMode, chain_pool, draft_pool_from_sglang, encode_tree_mask, from_host,
     write_tree_mask,
 )
+from sglang_graft.tree.types import VerifyLayout
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +34,22 @@ is_cpu = seams.IS_CPU.resolve()
 
 
 @dataclass
+class GraftContext:
+    """What GRAFT's draft worker works with, given to it at construction by the worker (which owns
+    the same objects): the algorithm config and the engine."""
+
+    cfg: GraftConfig
+    retrieval: GraftRetrieval
+    stepper: GraftStepper
+    tp_check: TreeHashCheck
+
+
+@dataclass
 class GraftStepInfo:
     """What the draft step hands to verify about the tree it built (per request)."""
 
+    plan: StepPlan  # the step's decisions (its budget: plan.num_nodes)
+    layout: VerifyLayout  # the flattened tree; verify encodes its mask for the budget's attention backend
     stage: torch.Tensor  # [bs] pruning stage
     retrieval_only: torch.Tensor  # [bs, N] node proposed by retrieval and not by the draft
     verified_nodes: torch.Tensor  # [bs, N] root and linked nodes (padding excluded)
@@ -154,15 +168,26 @@ def verify_mask_mode(backend, default) -> TreeMaskMode:
     return TreeMaskMode(int(default))
 
 
-class GraftDraftWorker(EagleDraftWorker):
-    """EAGLE draft worker whose verify tree is GRAFT's pruned + grafted tree."""
+def verify_mask(layout: VerifyLayout, batch, backend, default: TreeMaskMode) -> torch.Tensor:
+    """The tree mask in the target attention ``backend``'s encoding (:func:`verify_mask_mode`), in
+    its buffer when it owns one (the ``tree_mask`` kernel on CUDA: no host read)."""
+    verify_buffer = getattr(backend, "verify_mask", None)
+    mode = verify_mask_mode(backend, default)
+    if verify_buffer is not None and verify_buffer.fits(batch.seq_lens.shape[0]):
+        return write_tree_mask(layout, batch.seq_lens, mode, verify_buffer.buffer, batch.seq_lens_sum)
+    seq_lens_sum = batch.seq_lens_sum
+    if seq_lens_sum is None and mode == TreeMaskMode.FULL_MASK:
+        seq_lens_sum = int(batch.seq_lens.sum())
+    return encode_tree_mask(layout.ancestor_mask, mode, batch.seq_lens, seq_lens_sum)
 
-    graft_cfg: GraftConfig
-    retrieval: GraftRetrieval
-    stepper: GraftStepper
-    use_budget: Callable[[int], None]
-    tp_check: TreeHashCheck
-    mask_modes: dict  # verify steps per "target backend class:mask layout" (/server_info)
+
+class GraftDraftWorker(EagleDraftWorker):
+    """EAGLE draft worker whose verify tree is GRAFT's pruned + grafted tree. ``context``: the
+    config and engine it works with (the worker's, see :class:`GraftContext`)."""
+
+    def __init__(self, *args, context: GraftContext, **kwargs):
+        self.context = context
+        super().__init__(*args, **kwargs)
 
     def _capture_cuda_graphs(self):
         super()._capture_cuda_graphs()
@@ -188,10 +213,10 @@ class GraftDraftWorker(EagleDraftWorker):
             rids = [r.rid for r in batch.reqs]
             root = batch.spec_info.bonus_tokens.to(torch.int64)
             self._prepare_retrieval(rids, root)
-            ring = self.retrieval.ring
-            plan = self.stepper.begin(rids, root, ring.pending(batch.req_pool_indices) if ring is not None else None)
+            ring = self.context.retrieval.ring
+            plan = self.context.stepper.begin(rids, root, ring.pending(batch.req_pool_indices) if ring is not None else None)
         first = batch.spec_info.topk_p[:, 0].float() if self.topk == 1 and not idle else None
-        recorder = _DraftRecorder(self.stepper, plan, self.topk, first)
+        recorder = _DraftRecorder(self.context.stepper, plan, self.topk, first)
 
         def build_verify_input(*args, **kwargs):
             return self._build_verify_input(recorder, plan, *args, **kwargs)
@@ -227,7 +252,7 @@ class GraftDraftWorker(EagleDraftWorker):
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
         """SGLang's draft extend; a chain draft's first-level probability then replaces the 1.0
         SGLang reports (GRAFT's first checkpoint reads it)."""
-        with self.stepper.timer.phase("draft_extend"):
+        with self.context.stepper.timer.phase("draft_extend"):
             if self.topk != 1:
                 return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
             return self._chain_draft_extend(batch, batch_result, **kwargs)
@@ -269,21 +294,21 @@ class GraftDraftWorker(EagleDraftWorker):
             return GraftVerifyInput.create_idle_input(topk, num_steps, num_draft_tokens, device)
         chain_done = draft_tokens if topk == 1 and draft_tokens is not None else None
         pool = recorder.pool(chain_done)
-        with self.stepper.timer.phase("tree"):
-            step = self.stepper.build(plan, pool, batch.seq_lens)
+        stepper = self.context.stepper
+        with stepper.timer.phase("tree"):
+            step = stepper.build(plan, pool, batch.seq_lens)
             num_nodes = plan.num_nodes
-            self.use_budget(num_nodes)
             layout, tree = step.layout, step.tree
-            mask = self._verify_mask(layout, batch, target_worker, tree_mask_mode)
-            self.tp_check.step((layout.draft_token, tree.parents, tree.linked))
+            self.context.tp_check.step((layout.draft_token, tree.parents, tree.linked))
             idx = torch.arange(num_nodes, device=layout.positions.device)
-            info = GraftStepInfo(stage=step.pruned.stage, retrieval_only=tree.from_retrieval & ~tree.from_draft,
+            info = GraftStepInfo(plan=plan, layout=layout, stage=step.pruned.stage,
+                                 retrieval_only=tree.from_retrieval & ~tree.from_draft,
                                  verified_nodes=tree.linked | (idx == 0),
-                                 node_bins=self.stepper.node_bins(plan, pool, step), scopes=plan.scopes,
-                                 levels_used=self.stepper.levels_used(pool, step), expected=plan.expected_rows)
+                                 node_bins=stepper.node_bins(plan, pool, step), scopes=plan.scopes,
+                                 levels_used=stepper.levels_used(pool, step), expected=plan.expected_rows)
         return GraftVerifyInput(
             draft_token=layout.draft_token,
-            custom_mask=mask,
+            custom_mask=None,  # written by verify, for the attention backend of this step's budget
             positions=layout.positions,
             retrieve_index=layout.retrive_index,
             retrieve_next_token=layout.retrive_next_token,
@@ -303,31 +328,17 @@ class GraftDraftWorker(EagleDraftWorker):
         """Every request was admitted at prefill; a request's first decode step adds the token its
         prefill sampled (the root) to its store (one host read, only on steps where requests join;
         sync-free steps re-root along it instead)."""
+        retrieval = self.context.retrieval
         try:
-            self.retrieval.check_admitted(rids)
+            retrieval.check_admitted(rids)
         except NotAdmittedError as e:
             raise seams.PREFILL_BATCH.error(str(e)) from None
-        if self.retrieval.ring is not None:
+        if retrieval.ring is not None:
             return
-        rows = self.retrieval.rows_needing_root(rids)
+        rows = retrieval.rows_needing_root(rids)
         if rows:
             roots = root[from_host(rows, torch.int64, root.device)].tolist()
-            self.retrieval.add_roots([rids[i] for i in rows], roots)
-
-    def _verify_mask(self, layout, batch, target_worker, tree_mask_mode) -> torch.Tensor:
-        """The tree mask in the target attention backend's encoding, in its buffer when it owns
-        one (the ``tree_mask`` kernel on CUDA: no host read)."""
-        backend = target_worker.model_runner.attn_backend
-        verify_mask = getattr(backend, "verify_mask", None)
-        mode = verify_mask_mode(backend, tree_mask_mode)
-        key = f"{type(backend).__name__}:{mode.name}"
-        self.mask_modes[key] = self.mask_modes.get(key, 0) + 1
-        if verify_mask is not None and verify_mask.fits(batch.seq_lens.shape[0]):
-            return write_tree_mask(layout, batch.seq_lens, mode, verify_mask.buffer, batch.seq_lens_sum)
-        seq_lens_sum = batch.seq_lens_sum
-        if seq_lens_sum is None and mode == TreeMaskMode.FULL_MASK:
-            seq_lens_sum = int(batch.seq_lens.sum())
-        return encode_tree_mask(layout.ancestor_mask, mode, batch.seq_lens, seq_lens_sum)
+            retrieval.add_roots([rids[i] for i in rows], roots)
 
 
 seams.check_overrides(GraftDraftWorker, seams.EAGLE_DRAFT_WORKER, seams.DRAFT_WORKER_OVERRIDES)

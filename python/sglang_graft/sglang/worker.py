@@ -28,6 +28,7 @@ SGLang's apart (``host_reads`` in ``/server_info``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from typing import Optional
@@ -39,7 +40,9 @@ from sglang_graft.engine import lagged
 from sglang_graft.sglang import sampling, seams
 from sglang_graft.sglang.attention_kernels import COUNT_ENV, AttentionKernelCounter
 from sglang_graft.sglang.metrics import maybe_prometheus
-from sglang_graft.sglang.draft_worker import GraftDraftWorker, GraftVerifyInput, verify_mask_mode
+from sglang_graft.sglang.draft_worker import (
+    GraftContext, GraftDraftWorker, GraftVerifyInput, verify_mask, verify_mask_mode,
+)
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.step import GraftStepper, StepPlan
 from sglang_graft.engine.tp_check import TreeHashCheck
@@ -57,32 +60,35 @@ class GraftWorkerV2(EAGLEWorkerV2):
 
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
         seams.check_hooks_applied()
-        with seams.swapped(seams.DRAFT_WORKER_CLASS, GraftDraftWorker):
+        # the engine first, from the server's flags: the draft worker is given it at construction
+        self.graft_cfg: GraftConfig = getattr(server_args, seams.GRAFT_CONFIG_ATTR, None) or GraftConfig()
+        num_nodes, num_steps = server_args.speculative_num_draft_tokens, server_args.speculative_num_steps
+        device = server_args.device
+        vocab = target_worker.model_runner.model_config.vocab_size
+        num_stages = len(self.graft_cfg.resolved_checkpoints(num_steps))
+        self.retrieval = GraftRetrieval(self.graft_cfg, vocab, num_nodes, num_stages, device,
+                                        max_requests=(server_args.max_running_requests or 48) + 1)
+        self.budgets = self.graft_cfg.resolved_budgets(num_nodes)
+        self.sync_free = self.graft_cfg.resolved_sync_free(device)
+        self.stepper = GraftStepper(self.graft_cfg, self.retrieval, num_steps, server_args.speculative_eagle_topk,
+                                    self.budgets, device, all_reduce_sum=_tp_all_reduce(), sync_free=self.sync_free)
+        self.tp_check = TreeHashCheck(self.graft_cfg.tp_check, _tp_all_reduce(torch.distributed.ReduceOp.MAX)
+                                      if self.graft_cfg.tp_check else None)
+        context = GraftContext(self.graft_cfg, self.retrieval, self.stepper, self.tp_check)
+        with seams.swapped(seams.DRAFT_WORKER_CLASS, functools.partial(GraftDraftWorker, context=context)):
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
         if self._draft_worker is not None and not isinstance(self._draft_worker, GraftDraftWorker):
             raise seams.DRAFT_WORKER_CLASS.error("EAGLEWorkerV2 did not create GRAFT's draft worker")
-        self.graft_cfg: GraftConfig = getattr(server_args, seams.GRAFT_CONFIG_ATTR, None) or GraftConfig()
-        vocab = target_worker.model_runner.model_config.vocab_size
-        num_stages = len(self.graft_cfg.resolved_checkpoints(self.speculative_num_steps))
-        self.retrieval = GraftRetrieval(self.graft_cfg, vocab, self.speculative_num_draft_tokens, num_stages,
-                                        self.device, max_requests=(server_args.max_running_requests or 48) + 1)
-        self.budgets = self.graft_cfg.resolved_budgets(self.speculative_num_draft_tokens)
-        self.sync_free = self.graft_cfg.resolved_sync_free(self.device)
-        self.stepper = GraftStepper(self.graft_cfg, self.retrieval, self.speculative_num_steps, self.topk,
-                                    self.budgets, self.device, all_reduce_sum=_tp_all_reduce(),
-                                    sync_free=self.sync_free)
+        built_for = (num_nodes, num_steps, server_args.speculative_eagle_topk, str(device))
+        if (self.speculative_num_draft_tokens, self.speculative_num_steps, self.topk, str(self.device)) != built_for:
+            raise seams.EAGLE_WORKER.error(f"EAGLEWorkerV2 resolved another draft shape or device than GRAFT's engine "
+                                           f"was built for (N, steps, topk, device) = {built_for}")
         self.host_reads = HostReadCounter() if os.environ.get("SGLANG_GRAFT_COUNT_HOST_READS") == "1" else None
         self.attention_kernels = AttentionKernelCounter() if os.environ.get(COUNT_ENV) == "1" else None
         self._budget_states: dict = {}
-        self.tp_check = TreeHashCheck(self.graft_cfg.tp_check, _tp_all_reduce(torch.distributed.ReduceOp.MAX)
-                                      if self.graft_cfg.tp_check else None)
-        if self._draft_worker is not None:
-            dw = self._draft_worker
-            dw.graft_cfg, dw.retrieval, dw.stepper, dw.use_budget, dw.tp_check = (
-                self.graft_cfg, self.retrieval, self.stepper, self._use_budget, self.tp_check)
-            dw.mask_modes = {}
+        self.mask_modes: dict = {}  # verify steps per "target backend class:mask layout" (/server_info)
         self.prometheus = maybe_prometheus(server_args)
-        self._plan_bs = 0
+        self._verified: Optional[tuple[StepPlan, int]] = None  # this step's plan and batch size, once verified
         _WORKERS.append(self)
         logger.info("GRAFT worker: N=%d steps=%d topk=%d budgets=%s sync-free=%s %s",
                     self.speculative_num_draft_tokens, self.speculative_num_steps, self.topk, self.budgets,
@@ -176,11 +182,12 @@ class GraftWorkerV2(EAGLEWorkerV2):
             if not decode:
                 return super().forward_batch_generation(batch, *args, **kwargs)
             self.stepper.timer.begin()
-            self._plan_bs = 0
+            self._verified = None
             try:
                 return super().forward_batch_generation(batch, *args, **kwargs)
             finally:
-                self.stepper.end_step(self._last_plan if self._plan_bs else None, self._plan_bs)
+                plan, bs = self._verified or (None, 0)
+                self.stepper.end_step(plan, bs)
 
     def _take_in(self, entries) -> None:
         """Sync-free: steps whose results are now on the host feed the decisions and metrics."""
@@ -215,6 +222,15 @@ class GraftWorkerV2(EAGLEWorkerV2):
         idle = batch.forward_mode.is_idle()
         if not idle and not isinstance(verify_input, GraftVerifyInput):
             raise seams.BUILD_VERIFY_INPUT.error(f"verify got {type(verify_input).__name__}, not GRAFT's tree")
+        if not idle:  # this step's budget: its attention backends, and the tree mask in their layout
+            with self.stepper.timer.phase("tree"):
+                self._use_budget(verify_input.draft_token_num)
+                backend = self._target_worker.model_runner.attn_backend
+                mode = verify_mask_mode(backend, self._draft_worker.tree_mask_mode)
+                key = f"{type(backend).__name__}:{mode.name}"
+                self.mask_modes[key] = self.mask_modes.get(key, 0) + 1
+                verify_input.custom_mask = verify_mask(verify_input.graft_info.layout, batch, backend,
+                                                       self._draft_worker.tree_mask_mode)
         sampling_on_cpu = is_cpu() and not idle and not batch.sampling_info.is_all_greedy
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.stepper.timer.phase("verify"))
@@ -243,10 +259,6 @@ class GraftWorkerV2(EAGLEWorkerV2):
             self._feed(batch, verify_input, result, "greedy" if batch.sampling_info.is_all_greedy else "sampling")
         return result
 
-    @property
-    def _last_plan(self) -> Optional[StepPlan]:
-        return self.stepper.last_plan
-
     def _feed(self, batch, vi: GraftVerifyInput, result, verify_mode: str) -> None:
         """Committed tokens -> stores, verify logits -> recycling matrix, accepted nodes ->
         calibration, counts -> metrics."""
@@ -267,7 +279,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
         linked = info.verified_nodes.clone()
         linked[:, 0] = False
         self.stepper.feedback(info.node_bins, linked, accepted_nodes)
-        self._plan_bs = bs
+        plan = info.plan
+        self._verified = (plan, bs)
         self.retrieval.counters.sampling_verify_steps += verify_mode == "sampling"
         # committed tokens: the compacted front of each N-block (what the scheduler reads)
         tokens = result.next_token_ids.view(bs, n)
@@ -275,17 +288,15 @@ class GraftWorkerV2(EAGLEWorkerV2):
             expected = info.expected if info.expected is not None else accept_lens.new_zeros((bs, len(self.budgets)))
             stats = torch.cat([x.to(torch.float64).view(bs, -1) for x in (
                 info.stage, retrieved, drafted, info.levels_used, expected)], dim=1)
-            plan = self._last_plan
             self.retrieval.ring.record(rids, batch.req_pool_indices, tokens, accept_lens, stats,
-                                       passes=plan.passes if plan is not None else 0, num_nodes=n)
+                                       passes=plan.passes, num_nodes=n)
             return
         # one device-to-host copy for the batch
         proposed = info.verified_nodes.sum(1) - 1  # [bs] nodes verified past the root
         host = torch.cat([tokens.to(torch.int64), accept_lens[:, None],
                           info.stage[:, None], retrieved[:, None], drafted[:, None], proposed[:, None]], dim=1).tolist()
         self.retrieval.commit(rids, [row[: row[n]] for row in host])
-        plan = self._last_plan
-        if plan is not None and plan.expected is not None:
+        if plan.expected is not None:
             self.stepper.stats.check(plan.expected, sum(row[n] for row in host))
         stage = [row[n + 1] for row in host]
         retrieved_list = [row[n + 2] for row in host]
@@ -333,7 +344,7 @@ def server_counters() -> Optional[dict]:
     out = {**retrieval.counters.as_dict(), **retrieval.store_usage(), "economy": worker.stepper.as_dict(),
            "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free}
     if worker._draft_worker is not None:
-        out["verify_masks"] = dict(worker._draft_worker.mask_modes)  # "<target backend>:<mask layout>": steps
+        out["verify_masks"] = dict(worker.mask_modes)  # "<target backend>:<mask layout>": steps
     if worker.attention_kernels is not None:
         out["attention_kernels"] = worker.attention_kernels.as_dict()
         out["attention_kernel_s"] = worker.attention_kernels.seconds_dict()
