@@ -3,23 +3,27 @@
 SGLang's ``EAGLEWorkerV2.forward_batch_generation`` drives every step, unchanged. GRAFT's decode
 step, per batch (the decisions live in :mod:`sglang_graft.engine.step`):
 
-1. **retrieve** (``draft_worker.GraftDraftWorker.draft``): proposals under each request's root,
-   valued;
-2. **draft** SGLang's own EAGLE-3 loop, one level at a time while a level still pays (a
-   checkpoint passes, retrieval is not already confident, the cost model agrees); the candidate
-   pool is read where SGLang would select from it (a chain draft with its real probabilities);
-3. **build the tree** (``GraftDraftWorker._build_verify_input``): the verify budget with the
-   most expected tokens per second, then the tree core's ``build_graft_tree``;
-4. **verify** (:meth:`GraftWorkerV2.verify`): SGLang's ``run_eagle_verify`` with the generic tree
-   commit, ``max_tree_depth = N``, ``tree_topk = -1``;
-5. **feed** (:meth:`GraftWorkerV2._feed`): committed tokens to the stores, verify logits to the
-   recycling matrix, accepted nodes to the calibration, step times to the cost model;
+1. **retrieve** (``GraftDraftWorker.draft`` -> ``stepper.begin``): proposals under each
+   request's root, valued; the step's plan;
+2. **draft** (``draft_runner.EagerDraftRunner``): SGLang's own EAGLE-3 loop, one level at a time
+   while a level still pays (a checkpoint passes, retrieval is not already confident, the cost
+   model agrees); the candidate pool is read where SGLang would select from it (a chain draft
+   with its real probabilities);
+3. **build the tree** (``GraftDraftWorker._build_verify_input`` -> ``stepper.build``): the verify
+   budget with the most expected tokens per second, then the tree core's ``build_graft_tree``;
+   the plan and the tree travel to verify on the verify input;
+4. **verify** (:meth:`GraftWorkerV2.verify`): switch to the budget's attention backends, write
+   the tree mask in their layout, SGLang's ``run_eagle_verify`` with the generic tree commit,
+   ``max_tree_depth = N``, ``tree_topk = -1``;
+5. **feed** (:meth:`GraftWorkerV2._feed`): the step's outcome (``engine.outcome.StepOutcome``):
+   committed tokens to the stores, verify logits to the recycling matrix, accepted nodes to the
+   calibration, step times to the cost model;
 
 then SGLang's draft extend. At prefill, :meth:`GraftWorkerV2._forward_prefill_batch` admits the
 requests to retrieval. Every SGLang internal used here comes from :mod:`sglang_graft.sglang.seams`.
 
-Sync-free (``--speculative-graft-sync-free``, on by default on CUDA): step 5 enqueues copies instead
-of reading, and every worker call starts by taking in what calls two back committed
+Sync-free (``--speculative-graft-sync-free``, on by default on CUDA): step 5 enqueues the outcome's
+copy instead of reading it, and every worker call starts by taking in what calls two back committed
 (:mod:`sglang_graft.engine.lagged`); GRAFT then reads no device value on the host.
 ``SGLANG_GRAFT_COUNT_HOST_READS=1`` counts the host reads inside every worker call, GRAFT's and
 SGLang's apart (``host_reads`` in ``/server_info``).
