@@ -253,14 +253,17 @@ class Engine:
     """How the replay builds the engine and maps recorded names onto it. ``classes``: recorded
     dataclass name -> constructor taking the recorded fields as keywords; ``calls``: recorded
     ``owner.method`` -> a callable ``(engine objects, *args, **kwargs)``, for methods whose name
-    or signature changed (the rest are called by their recorded name)."""
+    or signature changed (the rest are called by their recorded name); ``results``: recorded
+    ``owner.method`` -> a function giving a result in the recorded layout, for results whose
+    layout changed."""
 
     def __init__(self, make_retrieval: Callable, make_stepper: Callable, classes: dict, calls: dict | None = None,
-                 final_state: Callable | None = None) -> None:
+                 results: dict | None = None, final_state: Callable | None = None) -> None:
         self.make_retrieval = make_retrieval
         self.make_stepper = make_stepper
         self.classes = classes
         self.calls = calls or {}
+        self.results = results or {}
         self.final_state = final_state
 
 
@@ -344,7 +347,8 @@ def replay(events: list[dict], engine: Engine) -> dict:
         elif method == "use_ring":
             live["ring"] = result
             continue
-        got = plain(result, {id(v): k for k, v in live.items()})
+        translate = engine.results.get(call)
+        got = plain(translate(result) if translate else result, {id(v): k for k, v in live.items()})
         diffs += [f"event {i} {call}{d}" for d in differences(got, event["result"])]
         if len(diffs) > 20:
             break

@@ -13,12 +13,39 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from step_trace import Engine, load, replay
 
 TRACES = sorted((Path(__file__).resolve().parent / "data" / "step_traces").glob("*.pt.gz"))
+
+
+# The traces' layout of a sync-free step's results: tokens, lengths and a float64 stats row per
+# request (stage, retrieved, drafted, levels used, then expected tokens per budget), today one
+# StepOutcome / HostOutcome record (engine/outcome.py).
+_OLD_STATS = ("stage", "retrieved", "drafted", "levels_used")
+
+
+def _outcome(tokens, lengths, stats=None):
+    from sglang_graft.engine.outcome import StepOutcome
+
+    tokens, lengths = torch.as_tensor(tokens), torch.as_tensor(lengths)
+    if stats is None:
+        return StepOutcome(tokens, lengths)
+    stats = torch.as_tensor(stats)
+    cols = {name: stats[:, i].to(torch.int64) for i, name in enumerate(_OLD_STATS)}
+    return StepOutcome(tokens, lengths, proposed=torch.zeros_like(lengths), expected=stats[:, len(_OLD_STATS):], **cols)
+
+
+def _recorded_entry(entry) -> dict:
+    """A LaggedEntry in the traces' layout."""
+    o = entry.outcome
+    stats = None if o.stage is None else np.concatenate(
+        [np.stack([getattr(o, name) for name in _OLD_STATS], axis=1).astype(np.float64), o.expected], axis=1)
+    return {"__type__": "LaggedEntry", "call": entry.call, "rids": entry.rids, "tokens": o.tokens,
+            "lengths": o.lengths, "stats": stats, "passes": entry.passes, "num_nodes": entry.num_nodes}
 
 
 def _engine() -> Engine:
@@ -28,9 +55,18 @@ def _engine() -> Engine:
     from sglang_graft.engine.step import GraftStepper
     from sglang_graft.tree import DraftPool, RetrievalProposals
 
+    def entry(call, rids, tokens, lengths, stats, passes, num_nodes):
+        return LaggedEntry(call, rids, _outcome(tokens, lengths, stats).to_host(blocking=True), passes, num_nodes)
+
+    def record(live, rids, pool_idx, tokens, lengths, stats=None, passes=0, num_nodes=0):
+        return live["ring"].record(rids, pool_idx, _outcome(tokens, lengths, stats), passes=passes, num_nodes=num_nodes)
+
     return Engine(make_retrieval=GraftRetrieval, make_stepper=GraftStepper,
                   classes={"GraftConfig": GraftConfig, "DraftPool": DraftPool,
-                           "RetrievalProposals": RetrievalProposals, "LaggedEntry": LaggedEntry})
+                           "RetrievalProposals": RetrievalProposals, "LaggedEntry": entry},
+                  calls={"ring.record": record},
+                  results={"ring.record": _recorded_entry,
+                           "retrieval.drain": lambda entries: [_recorded_entry(e) for e in entries]})
 
 
 def test_traces_are_present():

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_graft.config import GraftConfig, validate
-from sglang_graft.engine.lagged import LEVELS_USED, NUM_FIXED_STATS, CommitRing
+from sglang_graft.engine.lagged import CommitRing
+from sglang_graft.engine.outcome import StepOutcome
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.step import GraftStepper
 from sglang_graft.tree import HostReadCounter
@@ -82,7 +83,7 @@ def test_ring_host_context_plus_pending_path_is_everything_committed(calls):
         tokens = torch.tensor([t + [0] * (w - len(t)) for _, t in payload])
         lengths = torch.tensor([len(t) for _, t in payload])
         pool_idx = torch.tensor([slot[r] for r in rids])
-        ring.record(rids, pool_idx, tokens, lengths)
+        ring.record(rids, pool_idx, StepOutcome(tokens, lengths))
         path, path_len = ring.pending(pool_idx)
         for row, (rid, toks) in enumerate(payload):
             assert path[row, : path_len[row]].tolist() == toks
@@ -91,12 +92,12 @@ def test_ring_host_context_plus_pending_path_is_everything_committed(calls):
 def test_ring_forget_drops_unread_paths_of_a_re_prefilled_request():
     ring = CommitRing(num_slots=4, width=4, device="cpu")
     ring.begin_call()
-    ring.record(["a"], torch.tensor([1]), torch.tensor([[7]]), torch.tensor([1]))  # chunk 1's sample
+    ring.record(["a"], torch.tensor([1]), StepOutcome(torch.tensor([[7]]), torch.tensor([1])))  # chunk 1's sample
     ring.begin_call()
     ring.forget("a")  # chunk 2 re-indexes the prompt; chunk 1's sampled token is not a commit
-    ring.record(["a"], torch.tensor([1]), torch.tensor([[9]]), torch.tensor([1]))
+    ring.record(["a"], torch.tensor([1]), StepOutcome(torch.tensor([[9]]), torch.tensor([1])))
     assert ring.begin_call().commits == [] and ring.begin_call().commits == []
-    ring.record(["a"], torch.tensor([1]), torch.tensor([[3, 4]]), torch.tensor([2]))
+    ring.record(["a"], torch.tensor([1]), StepOutcome(torch.tensor([[3, 4]]), torch.tensor([2])))
     assert ring.begin_call().commits == [("a", [9])]
 
 
@@ -111,12 +112,12 @@ def test_proposals_are_re_rooted_along_the_pending_path():
     r = _retrieval(source="sam")
     ring = r.use_ring(4)
     r.admit("a", [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3])
-    ring.record(["a"], torch.tensor([2]), torch.tensor([[4, 5]]), torch.tensor([2]))
+    ring.record(["a"], torch.tensor([2]), StepOutcome(torch.tensor([[4, 5]]), torch.tensor([2])))
     props, _ = r.propose_scored(["a"], torch.tensor([5]), pending=ring.pending(torch.tensor([2])))
     assert props.valid[0].sum() == 3
     assert props.tokens[0, :3].tolist() == [1, 2, 3] and props.parents[0, :3].tolist() == [-1, 0, 1]
     # a path the store never saw: nothing to re-root, no store proposal
-    ring.record(["a"], torch.tensor([2]), torch.tensor([[9, 9]]), torch.tensor([2]))
+    ring.record(["a"], torch.tensor([2]), StepOutcome(torch.tensor([[9, 9]]), torch.tensor([2])))
     props, _ = r.propose_scored(["a"], torch.tensor([9]), pending=ring.pending(torch.tensor([2])))
     assert not props.valid.any()
 
@@ -137,12 +138,12 @@ def _lagged(s: GraftStepper, levels_used: list[int], expected: list[list[float]]
     """A decode step two calls old whose stats say ``levels_used`` / ``expected`` per request."""
     ring = s.retrieval.ring
     bs = len(levels_used)
-    stats = torch.zeros((bs, NUM_FIXED_STATS + len(s.budgets)), dtype=torch.float64)
-    stats[:, LEVELS_USED] = torch.tensor(levels_used, dtype=torch.float64)
-    stats[:, NUM_FIXED_STATS:] = torch.tensor(expected, dtype=torch.float64)
+    zeros = torch.zeros(bs, dtype=torch.int64)
+    outcome = StepOutcome(torch.ones((bs, 1), dtype=torch.int64), torch.ones(bs, dtype=torch.int64), stage=zeros,
+                          retrieved=zeros, drafted=zeros, proposed=zeros, levels_used=torch.tensor(levels_used),
+                          expected=torch.tensor(expected, dtype=torch.float64))
     ring.begin_call()
-    ring.record([f"old{i}" for i in range(bs)], torch.arange(bs) + 4, torch.ones((bs, 1), dtype=torch.int64),
-                torch.ones(bs, dtype=torch.int64), stats, passes=2, num_nodes=8)
+    ring.record([f"old{i}" for i in range(bs)], torch.arange(bs) + 4, outcome, passes=2, num_nodes=8)
     ring.begin_call()
     s.observe(ring.begin_call().entries)
 
@@ -153,7 +154,7 @@ def test_sync_free_decisions_come_from_the_lagged_step_and_read_nothing():
     s.retrieval.admit("b", [4, 5, 6])
     ring = s.retrieval.ring
     pool_idx = torch.tensor([0, 1])
-    ring.record(["a", "b"], pool_idx, torch.tensor([[3], [7]]), torch.ones(2, dtype=torch.int64))
+    ring.record(["a", "b"], pool_idx, StepOutcome(torch.tensor([[3], [7]]), torch.ones(2, dtype=torch.int64)))
     # the newest known step used one draft level and expects ~4 tokens from budget 8: one draft
     # pass (two levels), budget 8
     _lagged(s, [1, 0], [[1.0, 1.9, 2.6, 4.0], [1.0, 1.8, 2.5, 4.0]])
@@ -213,3 +214,25 @@ def test_host_read_counter_charges_the_calling_module():
         np.asarray([1])  # not a tensor read
         t + 1
     assert reads.counts == {__name__: 3}
+
+
+def test_a_step_outcome_reads_the_same_on_both_paths():
+    """The synchronous read and the ring's (non-blocking, read later) give one record, field by field."""
+    bs, n = 3, 5
+    g = torch.Generator().manual_seed(0)
+    outcome = StepOutcome(tokens=torch.randint(0, 50000, (bs, n), generator=g), lengths=torch.tensor([1, 3, 5]),
+                          stage=torch.tensor([0, 2, 3]), retrieved=torch.tensor([0, 1, 2]),
+                          drafted=torch.tensor([0, 1, 2]), proposed=torch.tensor([4, 4, 3]),
+                          levels_used=torch.tensor([0, 1, 3]), expected=torch.rand(bs, 4, generator=g, dtype=torch.float64))
+    now = outcome.to_host(blocking=True)
+    ring = CommitRing(num_slots=8, width=n + 2, device="cpu")
+    entry = ring.record(["a", "b", "c"], torch.tensor([0, 1, 2]), outcome, passes=2, num_nodes=n)
+    later = entry.outcome
+    for name in ("lengths", "stage", "retrieved", "drafted", "proposed", "levels_used", "expected"):
+        assert np.array_equal(getattr(now, name), getattr(later, name)), name
+        assert np.array_equal(getattr(now, name), getattr(outcome, name).numpy()), name
+    assert now.tokens.dtype == np.int64 and np.array_equal(now.tokens, outcome.tokens.numpy())
+    assert np.array_equal(later.tokens[:, :n], now.tokens) and not later.tokens[:, n:].any()  # padded to W
+    assert now.committed() == later.committed() == [row[:k] for row, k in zip(outcome.tokens.tolist(), [1, 3, 5])]
+    prefill = StepOutcome(torch.tensor([[7], [8]]), torch.ones(2, dtype=torch.int64)).to_host(blocking=True)
+    assert prefill.stage is None and prefill.expected is None and prefill.committed() == [[7], [8]]

@@ -25,28 +25,24 @@ Every rank of a tensor-parallel group makes the same calls, so the lag is the sa
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Hashable, Optional, Sequence
+from typing import Hashable, Sequence
 
-import numpy as np
 import torch
 
-# Columns of a decode entry's statistics row (float64), then one expected-token column per budget.
-STAGE, RETRIEVED, DRAFTED, LEVELS_USED = range(4)
-NUM_FIXED_STATS = 4
+from sglang_graft.engine.outcome import HostOutcome, StepOutcome
 
 
 @dataclass
 class LaggedEntry:
-    """What one worker call committed, as host arrays filled by a non-blocking copy.
+    """What one worker call committed: its outcome, on the host through a non-blocking copy.
 
     Read only once ``call <= now - 2`` (see the module docstring)."""
 
     call: int
     rids: list
-    tokens: np.ndarray  # [bs, W] int64: committed tokens at the front of each row
-    lengths: np.ndarray  # [bs] int64: committed tokens per row
-    stats: Optional[np.ndarray]  # [bs, NUM_FIXED_STATS + budgets] float64 (decode calls), None (prefill)
+    outcome: HostOutcome  # a prefill's: tokens and lengths only (``outcome.stage is None``)
     passes: int = 0  # draft passes the step ran
     num_nodes: int = 0  # its verify budget
 
@@ -87,7 +83,7 @@ class CommitRing:
         self._unread = [e for e in self._unread if e.call > readable]
         for rid, entry, row in self._superseded:
             assert entry.call <= readable, "a superseded path is always two calls old"
-            out.commits.append((rid, entry.tokens[row, : entry.lengths[row]].tolist()))
+            out.commits.append((rid, entry.outcome.committed()[row]))
         self._superseded = []
         return out
 
@@ -95,20 +91,19 @@ class CommitRing:
         """``[bs, W]`` pending paths and ``[bs]`` their lengths of the batch's requests."""
         return self.path[pool_idx], self.path_len[pool_idx]
 
-    def record(self, rids: Sequence[Hashable], pool_idx: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor,
-               stats: Optional[torch.Tensor] = None, passes: int = 0, num_nodes: int = 0) -> LaggedEntry:
-        """The call's committed ``tokens [bs, w]`` (``w <= W``, front ``lengths [bs]`` of each row)
-        become the requests' pending paths; their host copies are enqueued (no wait)."""
-        bs, w = tokens.shape
-        tokens = tokens.to(torch.int64)
-        lengths = lengths.to(torch.int64)
+    def record(self, rids: Sequence[Hashable], pool_idx: torch.Tensor, outcome: StepOutcome, passes: int = 0,
+               num_nodes: int = 0) -> LaggedEntry:
+        """The call's committed ``outcome.tokens [bs, w]`` (``w <= W``, the front ``outcome.lengths``
+        of each row) become the requests' pending paths; the outcome's host copy is enqueued (no
+        wait)."""
+        w = outcome.tokens.shape[1]
+        tokens = outcome.tokens.to(torch.int64)
         if w < self.width:
             tokens = torch.nn.functional.pad(tokens, (0, self.width - w))
+        outcome = dataclasses.replace(outcome, tokens=tokens, lengths=outcome.lengths.to(torch.int64))
         self.path[pool_idx] = tokens
-        self.path_len[pool_idx] = lengths
-        entry = LaggedEntry(self.call, list(rids), *_to_host(tokens, lengths), None, passes, num_nodes)
-        if stats is not None:
-            entry.stats = _to_host(stats.to(torch.float64))[0]
+        self.path_len[pool_idx] = outcome.lengths
+        entry = LaggedEntry(self.call, list(rids), outcome.to_host(blocking=False), passes, num_nodes)
         for row, rid in enumerate(rids):
             previous = self._newest.get(rid)
             if previous is not None:
@@ -123,24 +118,4 @@ class CommitRing:
         self._superseded = [s for s in self._superseded if s[0] != rid]
 
 
-_NUMPY_DTYPES = {torch.int64: np.int64, torch.float64: np.float64}
-
-
-def _to_host(*tensors: torch.Tensor) -> list[np.ndarray]:
-    """Non-blocking copies into (pinned, on CUDA) host memory, as numpy views; valid once the
-    stream has passed this point."""
-    out = []
-    for t in tensors:
-        if t.device.type == "cuda":
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            array = host.numpy()
-        else:
-            array = np.empty(tuple(t.shape), dtype=_NUMPY_DTYPES[t.dtype])
-            host = torch.from_numpy(array)
-        host.copy_(t, non_blocking=True)
-        out.append(array)
-    return out
-
-
-__all__ = ["CommitRing", "LaggedEntry", "Drained", "STAGE", "RETRIEVED", "DRAFTED", "LEVELS_USED",
-           "NUM_FIXED_STATS"]
+__all__ = ["CommitRing", "LaggedEntry", "Drained"]

@@ -41,7 +41,7 @@ from sglang_graft.engine.budget import (
     path_values,
 )
 from sglang_graft.config import GraftConfig
-from sglang_graft.engine.lagged import LEVELS_USED, NUM_FIXED_STATS, LaggedEntry
+from sglang_graft.engine.lagged import LaggedEntry
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.tree import (
     DraftPool,
@@ -188,18 +188,18 @@ class GraftStepper:
     def observe(self, entries: Sequence[LaggedEntry]) -> None:
         """Sync-free: steps whose results reached the host (oldest first)."""
         for entry in entries:
-            if entry.stats is not None:
+            if entry.outcome.stage is not None:  # a decode step (a prefill's entry is its sampled token)
                 self.lagged = entry
                 if self.cost_aware and entry.num_nodes in self.budgets:
                     k = self.budgets.index(entry.num_nodes)
-                    self.stats.check(float(entry.stats[:, NUM_FIXED_STATS + k].sum()), int(entry.lengths.sum()))
+                    self.stats.check(float(entry.outcome.expected[:, k].sum()), int(entry.outcome.lengths.sum()))
 
     def _planned_passes(self, explore: bool) -> int:
         """Sync-free draft passes of this step: one level deeper than the newest known step's trees
         used (all while nothing is known yet, on exploring steps and with the fixed budget)."""
         if not self.cost_aware or explore or self.lagged is None:
             return self.num_steps - 1
-        return min(self.num_steps - 1, int(self.lagged.stats[:, LEVELS_USED].max()))
+        return min(self.num_steps - 1, int(self.lagged.outcome.levels_used.max()))
 
     # -- 2. during the draft ---------------------------------------------------------------------
     def keep_drafting(self, plan: StepPlan, pool: DraftPool) -> bool:
@@ -322,7 +322,7 @@ class GraftStepper:
         nothing is known yet)."""
         if self.lagged is None:
             return len(self.budgets) - 1
-        per_request = self.lagged.stats[:, NUM_FIXED_STATS:].mean(axis=0)
+        per_request = self.lagged.outcome.expected.mean(axis=0)
         return choose_budget([float(e) * bs for e in per_request], secs)
 
     @staticmethod

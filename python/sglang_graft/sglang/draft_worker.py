@@ -17,11 +17,12 @@ import torch
 
 from sglang_graft.config import GraftConfig
 from sglang_graft.sglang import seams
+from sglang_graft.sglang.draft_runner import DraftRunner, EagerDraftRunner, max_prob
 from sglang_graft.engine.retrieval_state import GraftRetrieval, NotAdmittedError
 from sglang_graft.engine.step import GraftStepper, StepPlan
 from sglang_graft.engine.tp_check import TreeHashCheck
 from sglang_graft.tree import (
-    DraftPool, TreeMaskMode, chain_pool, draft_pool_from_sglang, encode_tree_mask, from_host,
+    DraftPool, TreeMaskMode, encode_tree_mask, from_host,
     write_tree_mask,
 )
 from sglang_graft.tree.types import VerifyLayout
@@ -74,87 +75,6 @@ class GraftVerifyInput(EagleVerifyInput):
         return -1
 
 
-class _StopDraft(Exception):
-    """Raised before a draft pass that no request needs (dynamic depth)."""
-
-
-def _max_prob(logits: torch.Tensor) -> torch.Tensor:
-    """``[rows]`` probability of each row's argmax token (what a chain draft picks)."""
-    return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
-
-
-class _DraftRecorder:
-    """What SGLang's draft loop computes and then hides, level by level: the candidate lists (in
-    place of ``organize_draft_results``, whose top-N selection GRAFT does not use), a chain draft's
-    tokens and probabilities, and the KV plan of ``prepare_for_draft``; before each draft pass it
-    asks the stepper whether the pass is worth running."""
-
-    def __init__(self, stepper: GraftStepper, plan: Optional[StepPlan], topk: int, first_probs) -> None:
-        self.stepper, self.plan, self.topk = stepper, plan, topk
-        # A chain draft on CUDA plans the iteration's whole KV write window, N slots past each
-        # request's length, before drafting; verify then reads N slots. Only a server with one
-        # budget knows this step's N then: with several, the window is left to verify (the path
-        # SGLang takes for trees and for chains with N <= num_steps).
-        self.plan_window = len(stepper.budgets) == 1
-        self.lists: tuple[list, list, list] = ([], [], [])
-        self.chain_tokens: list[torch.Tensor] = []
-        self.chain_probs: list[torch.Tensor] = [first_probs] if first_probs is not None else []
-        self.kv_loc_plan = None
-
-    def select(self, select: Callable) -> Callable:
-        def recorded(*args, **kwargs):
-            out = select(*args, **kwargs)
-            for lst, x in zip(self.lists, out[3]):
-                lst.append(x)
-            return out
-
-        return recorded
-
-    def prepare(self, prepare: Callable) -> Callable:
-        def recorded(*args, **kwargs):
-            if not self.plan_window:
-                kwargs["num_draft_tokens"] = None
-            out = prepare(*args, **kwargs)
-            self.kv_loc_plan = out[2]
-            return out
-
-        return recorded
-
-    def organize(self, score_list, token_list, parents_list, num_draft_token):
-        return None, None, torch.cat(token_list, dim=1)
-
-    def forward(self, forward: Callable) -> Callable:
-        def recorded(forward_batch, *args, **kwargs):
-            if self.topk == 1:
-                self.chain_tokens.append(forward_batch.input_ids.reshape(-1).to(torch.int64))
-            if self.plan is not None and not self.stepper.keep_drafting(self.plan, self.pool()):
-                raise _StopDraft
-            with self.stepper.timer.phase("draft"):
-                out = forward(forward_batch, *args, **kwargs)
-            if self.topk == 1:
-                self.chain_probs.append(_max_prob(out.logits_output.next_token_logits))
-            return out
-
-        return recorded
-
-    def pool(self, draft_tokens: Optional[torch.Tensor] = None) -> DraftPool:
-        """The candidates drafted so far (``draft_tokens``: a chain draft that ran to the end)."""
-        if self.topk > 1:
-            if not self.lists[0]:
-                raise seams.SELECT_TOP_K.error("recorded no draft level; the draft's candidate pool is unreadable")
-            return draft_pool_from_sglang(*self.lists, topk=self.topk, num_steps=len(self.lists[0]))
-        if draft_tokens is not None:
-            tokens = draft_tokens.to(torch.int64)
-        else:
-            tokens = torch.stack(self.chain_tokens, dim=1)
-        steps = tokens.shape[1]
-        if len(self.chain_probs) < steps:
-            raise seams.Seam(f"{seams.EAGLE_DRAFT_WORKER.target}.{seams.DRAFT_RUNNER_FORWARD}",
-                             "read the chain draft's probabilities").error(
-                f"{len(self.chain_probs)} probabilities for {steps} chain tokens")
-        return chain_pool(tokens, torch.stack(self.chain_probs[:steps], dim=1))
-
-
 def verify_mask_mode(backend, default) -> TreeMaskMode:
     """The layout of the tree mask the target attention ``backend`` reads at verify: its verify
     buffer's when it owns one; FULL rows for SGLang's Triton backend (SGLang's default,
@@ -187,6 +107,7 @@ class GraftDraftWorker(EagleDraftWorker):
 
     def __init__(self, *args, context: GraftContext, **kwargs):
         self.context = context
+        self.runner: DraftRunner = EagerDraftRunner()
         super().__init__(*args, **kwargs)
 
     def _capture_cuda_graphs(self):
@@ -207,47 +128,27 @@ class GraftDraftWorker(EagleDraftWorker):
             self.speculative_num_draft_tokens = num_nodes
 
     def draft(self, batch, *, with_topology: bool = False):
-        idle = batch.forward_mode.is_idle()
-        plan = None
-        if not idle:
-            rids = [r.rid for r in batch.reqs]
-            root = batch.spec_info.bonus_tokens.to(torch.int64)
-            self._prepare_retrieval(rids, root)
-            ring = self.context.retrieval.ring
-            plan = self.context.stepper.begin(rids, root, ring.pending(batch.req_pool_indices) if ring is not None else None)
-        first = batch.spec_info.topk_p[:, 0].float() if self.topk == 1 and not idle else None
-        recorder = _DraftRecorder(self.context.stepper, plan, self.topk, first)
-
-        def build_verify_input(*args, **kwargs):
-            return self._build_verify_input(recorder, plan, *args, **kwargs)
-
-        where = f"{seams.EAGLE_DRAFT_WORKER.target}.{seams.DRAFT_RUNNER_FORWARD}"
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(seams.swapped(seams.ORGANIZE_DRAFT_RESULTS, recorder.organize))
-            stack.enter_context(seams.swapped(seams.SELECT_TOP_K, recorder.select(seams.SELECT_TOP_K.resolve())))
-            stack.enter_context(seams.swapped(seams.PREPARE_FOR_DRAFT, recorder.prepare(seams.PREPARE_FOR_DRAFT.resolve())))
-            calls = stack.enter_context(seams.swapped(seams.BUILD_VERIFY_INPUT, build_verify_input))
-            if not idle:
-                stack.enter_context(seams.wrapped_attribute(self.draft_runner, "forward", recorder.forward, where))
-            if is_cpu():
-                later = seams.SELECT_LATER.resolve()
-                stack.enter_context(seams.swapped(seams.SELECT_LATER, getattr(later, "_torchdynamo_orig_callable", later)))
-            try:
-                verify_input = super().draft(batch, with_topology=with_topology)
-            except _StopDraft:
-                verify_input = None
-        if verify_input is None:  # drafting stopped before a pass: SGLang's draft() tail, with the pool so far
-            verify_input = self._build_verify_input(
-                recorder, plan, batch, batch.spec_info, None, None, None, None, target_worker=self.target_worker,
-                topk=self.topk, num_steps=self.speculative_num_steps,
-                num_draft_tokens=self.speculative_num_draft_tokens, tree_mask_mode=self.tree_mask_mode,
-                device=self.device)
-            if recorder.kv_loc_plan is not None:
-                verify_input.kv_loc_plan = recorder.kv_loc_plan
-                verify_input.prepared_out_cache_loc = recorder.kv_loc_plan.write_virtual
-        elif calls.count == 0:
-            calls.require()
+        """GRAFT's draft step: retrieve under each root, draft while a level pays, build the tree."""
+        if with_topology:
+            raise seams.EAGLE_DRAFT_WORKER.error("draft(with_topology=True) is pipeline parallelism, which GRAFT refuses")
+        if batch.forward_mode.is_idle():
+            self.runner.run(self, batch, None)  # SGLang's idle draft (collectives stay in step)
+            return GraftVerifyInput.create_idle_input(self.topk, self.speculative_num_steps,
+                                                      self.speculative_num_draft_tokens, self.device)
+        plan = self._begin(batch)  # 1. retrieval proposals under each root, valued: the plan
+        drafted = self.runner.run(self, batch, plan)  # 2. draft passes while a level pays
+        verify_input = self._build_verify_input(plan, drafted.pool, batch)  # 3. budget and tree
+        if drafted.kv_loc_plan is not None:  # a planned chain KV window: verify and draft extend write it
+            verify_input.kv_loc_plan = drafted.kv_loc_plan
+            verify_input.prepared_out_cache_loc = drafted.kv_loc_plan.write_virtual
         return verify_input
+
+    def _begin(self, batch) -> StepPlan:
+        rids = [r.rid for r in batch.reqs]
+        root = batch.spec_info.bonus_tokens.to(torch.int64)
+        self._prepare_retrieval(rids, root)
+        ring = self.context.retrieval.ring
+        return self.context.stepper.begin(rids, root, ring.pending(batch.req_pool_indices) if ring is not None else None)
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
         """SGLang's draft extend; a chain draft's first-level probability then replaces the 1.0
@@ -284,16 +185,12 @@ class GraftDraftWorker(EagleDraftWorker):
         if logits is None or logits.shape[0] != nxt.topk_index.shape[0]:
             raise seams.Seam(where, "read the chain draft's first-level probability").error(
                 "the draft model's selected logits were not where SGLang 0.5.23 leaves them")
-        nxt.topk_p = _max_prob(logits).unsqueeze(1)
+        nxt.topk_p = max_prob(logits).unsqueeze(1)
         return result
 
-    def _build_verify_input(self, recorder: _DraftRecorder, plan: Optional[StepPlan], batch, draft_input,
-                            parent_list, top_scores_index, draft_tokens, draft_probs, *, target_worker, topk,
-                            num_steps, num_draft_tokens, tree_mask_mode, device):
-        if batch.forward_mode.is_idle():
-            return GraftVerifyInput.create_idle_input(topk, num_steps, num_draft_tokens, device)
-        chain_done = draft_tokens if topk == 1 and draft_tokens is not None else None
-        pool = recorder.pool(chain_done)
+    def _build_verify_input(self, plan: StepPlan, pool: DraftPool, batch) -> GraftVerifyInput:
+        """The budget and the tree (prune -> graft -> flatten) of ``pool`` under ``plan``, as
+        SGLang's verify input (its mask is written by verify, for the budget's backend)."""
         stepper = self.context.stepper
         with stepper.timer.phase("tree"):
             step = stepper.build(plan, pool, batch.seq_lens)
@@ -314,8 +211,8 @@ class GraftDraftWorker(EagleDraftWorker):
             retrieve_next_token=layout.retrive_next_token,
             retrieve_next_sibling=layout.retrive_next_sibling,
             retrieve_cum_len=None,
-            spec_steps=num_steps,
-            topk=topk,
+            spec_steps=self.speculative_num_steps,
+            topk=self.topk,
             draft_token_num=num_nodes,
             capture_hidden_mode=None,
             seq_lens_sum=None,

@@ -3,23 +3,27 @@
 SGLang's ``EAGLEWorkerV2.forward_batch_generation`` drives every step, unchanged. GRAFT's decode
 step, per batch (the decisions live in :mod:`sglang_graft.engine.step`):
 
-1. **retrieve** (``draft_worker.GraftDraftWorker.draft``): proposals under each request's root,
-   valued;
-2. **draft** SGLang's own EAGLE-3 loop, one level at a time while a level still pays (a
-   checkpoint passes, retrieval is not already confident, the cost model agrees); the candidate
-   pool is read where SGLang would select from it (a chain draft with its real probabilities);
-3. **build the tree** (``GraftDraftWorker._build_verify_input``): the verify budget with the
-   most expected tokens per second, then the tree core's ``build_graft_tree``;
-4. **verify** (:meth:`GraftWorkerV2.verify`): SGLang's ``run_eagle_verify`` with the generic tree
-   commit, ``max_tree_depth = N``, ``tree_topk = -1``;
-5. **feed** (:meth:`GraftWorkerV2._feed`): committed tokens to the stores, verify logits to the
-   recycling matrix, accepted nodes to the calibration, step times to the cost model;
+1. **retrieve** (``GraftDraftWorker.draft`` -> ``stepper.begin``): proposals under each
+   request's root, valued; the step's plan;
+2. **draft** (``draft_runner.EagerDraftRunner``): SGLang's own EAGLE-3 loop, one level at a time
+   while a level still pays (a checkpoint passes, retrieval is not already confident, the cost
+   model agrees); the candidate pool is read where SGLang would select from it (a chain draft
+   with its real probabilities);
+3. **build the tree** (``GraftDraftWorker._build_verify_input`` -> ``stepper.build``): the verify
+   budget with the most expected tokens per second, then the tree core's ``build_graft_tree``;
+   the plan and the tree travel to verify on the verify input;
+4. **verify** (:meth:`GraftWorkerV2.verify`): switch to the budget's attention backends, write
+   the tree mask in their layout, SGLang's ``run_eagle_verify`` with the generic tree commit,
+   ``max_tree_depth = N``, ``tree_topk = -1``;
+5. **feed** (:meth:`GraftWorkerV2._feed`): the step's outcome (``engine.outcome.StepOutcome``):
+   committed tokens to the stores, verify logits to the recycling matrix, accepted nodes to the
+   calibration, step times to the cost model;
 
 then SGLang's draft extend. At prefill, :meth:`GraftWorkerV2._forward_prefill_batch` admits the
 requests to retrieval. Every SGLang internal used here comes from :mod:`sglang_graft.sglang.seams`.
 
-Sync-free (``--speculative-graft-sync-free``, on by default on CUDA): step 5 enqueues copies instead
-of reading, and every worker call starts by taking in what calls two back committed
+Sync-free (``--speculative-graft-sync-free``, on by default on CUDA): step 5 enqueues the outcome's
+copy instead of reading it, and every worker call starts by taking in what calls two back committed
 (:mod:`sglang_graft.engine.lagged`); GRAFT then reads no device value on the host.
 ``SGLANG_GRAFT_COUNT_HOST_READS=1`` counts the host reads inside every worker call, GRAFT's and
 SGLang's apart (``host_reads`` in ``/server_info``).
@@ -36,7 +40,7 @@ from typing import Optional
 import torch
 
 from sglang_graft.config import GraftConfig
-from sglang_graft.engine import lagged
+from sglang_graft.engine.outcome import HostOutcome, StepOutcome
 from sglang_graft.sglang import sampling, seams
 from sglang_graft.sglang.attention_kernels import COUNT_ENV, AttentionKernelCounter
 from sglang_graft.sglang.metrics import maybe_prometheus
@@ -193,13 +197,12 @@ class GraftWorkerV2(EAGLEWorkerV2):
         """Sync-free: steps whose results are now on the host feed the decisions and metrics."""
         self.stepper.observe(entries)
         for entry in entries:
-            if entry.stats is not None:  # a decode step (a prefill's entry is its sampled token)
-                stats = entry.stats
-                self._count(stats[:, lagged.STAGE].astype(int).tolist(), stats[:, lagged.RETRIEVED].astype(int).tolist(),
-                            stats[:, lagged.DRAFTED].astype(int).tolist())
+            if entry.outcome.stage is not None:  # a decode step (a prefill's entry is its sampled token)
+                self._count(entry.outcome)
 
-    def _count(self, stages: list, retrieved: list, drafted: list) -> None:
+    def _count(self, outcome: HostOutcome) -> None:
         """One verify step's per-request results -> server counters and Prometheus."""
+        stages, retrieved, drafted = (x.tolist() for x in (outcome.stage, outcome.retrieved, outcome.drafted))
         self.retrieval.counters.add_steps(stages, retrieved, drafted)
         if self.prometheus is not None:
             self.prometheus.record(sum(drafted), sum(retrieved), stages)
@@ -213,8 +216,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
         if self.sync_free and not idle:
             # the sampled token is each request's first pending path (the root of its first step)
             tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
-            self.retrieval.ring.record([r.rid for r in batch.reqs], batch.req_pool_indices, tokens,
-                                       torch.ones_like(tokens[:, 0]))
+            self.retrieval.ring.record([r.rid for r in batch.reqs], batch.req_pool_indices,
+                                       StepOutcome(tokens, torch.ones_like(tokens[:, 0])))
         return result
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
@@ -282,34 +285,26 @@ class GraftWorkerV2(EAGLEWorkerV2):
         plan = info.plan
         self._verified = (plan, bs)
         self.retrieval.counters.sampling_verify_steps += verify_mode == "sampling"
-        # committed tokens: the compacted front of each N-block (what the scheduler reads)
-        tokens = result.next_token_ids.view(bs, n)
-        if self.sync_free:  # reach the host two calls later (see lagged.py)
-            expected = info.expected if info.expected is not None else accept_lens.new_zeros((bs, len(self.budgets)))
-            stats = torch.cat([x.to(torch.float64).view(bs, -1) for x in (
-                info.stage, retrieved, drafted, info.levels_used, expected)], dim=1)
-            self.retrieval.ring.record(rids, batch.req_pool_indices, tokens, accept_lens, stats,
-                                       passes=plan.passes, num_nodes=n)
+        outcome = StepOutcome(
+            tokens=result.next_token_ids.view(bs, n),  # committed: the compacted front of each N-block
+            lengths=accept_lens, stage=info.stage, retrieved=retrieved, drafted=drafted,
+            proposed=info.verified_nodes.sum(1) - 1, levels_used=info.levels_used,
+            expected=info.expected if info.expected is not None else accept_lens.new_zeros((bs, len(self.budgets))))
+        if self.sync_free:  # reaches the host two calls later (see lagged.py)
+            self.retrieval.ring.record(rids, batch.req_pool_indices, outcome, passes=plan.passes, num_nodes=n)
             return
-        # one device-to-host copy for the batch
-        proposed = info.verified_nodes.sum(1) - 1  # [bs] nodes verified past the root
-        host = torch.cat([tokens.to(torch.int64), accept_lens[:, None],
-                          info.stage[:, None], retrieved[:, None], drafted[:, None], proposed[:, None]], dim=1).tolist()
-        self.retrieval.commit(rids, [row[: row[n]] for row in host])
+        host = outcome.to_host(blocking=True)  # one device-to-host copy for the batch
+        self.retrieval.commit(rids, host.committed())
         if plan.expected is not None:
-            self.stepper.stats.check(plan.expected, sum(row[n] for row in host))
-        stage = [row[n + 1] for row in host]
-        retrieved_list = [row[n + 2] for row in host]
-        drafted_list = [row[n + 3] for row in host]
-        proposed_list = [row[n + 4] for row in host]
-        self._count(stage, retrieved_list, drafted_list)
+            self.stepper.stats.check(plan.expected, int(host.lengths.sum()))
+        self._count(host)
         lo = result.logits_output
         info_out = dict(lo.customized_info or {})
         info_out.update({
-            "graft_stage": stage,
-            "graft_retrieved_accepted": retrieved_list,
-            "graft_draft_accepted": drafted_list,
-            "graft_proposed": proposed_list,
+            "graft_stage": host.stage.tolist(),
+            "graft_retrieved_accepted": host.retrieved.tolist(),
+            "graft_draft_accepted": host.drafted.tolist(),
+            "graft_proposed": host.proposed.tolist(),
             "graft_verify": [verify_mode] * bs,
         })
         lo.customized_info = info_out
