@@ -256,7 +256,8 @@ class AcceptanceCalibration:
         """Observed acceptance rate and count per bin, by source (``draft`` first)."""
         shown, acc = self.shown.tolist(), self.accepted.tolist()
         rate = [round(a / s, 3) if s else None for a, s in zip(acc, shown)]
-        return {name: {"rate": rate[a:b], "shown": [int(x) for x in shown[a:b]]} for name, (a, b) in self.ranges.items()}
+        return {name: {"rate": rate[a:b], "shown": [int(x) for x in shown[a:b]]}
+                for name, (a, b) in self.ranges.items()}
 
 
 def path_values(node_values: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
