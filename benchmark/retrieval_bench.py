@@ -304,7 +304,7 @@ def bench_admission_stall(prompt: int, steps: int, seed: int) -> dict:
                 toks = stream[pos[rid] : pos[rid] + k] if rid != "big" else stream[:k]
                 state.commit([rid], [toks.tolist()])
                 pos[rid] += k
-            state.store.propose(running, MAX_DEPTH, MAX_NODES)
+            state.source("sam").store.propose(running, MAX_DEPTH, MAX_NODES)
             step_s.append(time.perf_counter() - t0)
         out[mode] = {"step_p50_us": percentile_us(step_s, 50), "step_max_us": max(step_s) * 1e6,
                      "join_step_us": step_s[20] * 1e6}

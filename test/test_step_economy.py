@@ -14,6 +14,7 @@ from sglang_graft.engine.budget import AcceptanceCalibration, StepCost, choose_b
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.step import GraftStepper
+from sglang_graft.retrieval import RecycleSource, StoreSource
 from sglang_graft.tree import chain_pool
 from test_tree_support import random_pool
 
@@ -109,6 +110,11 @@ def test_published_cells_are_the_average_over_ranks():
     assert ranks[0].verify_at(8, 4) == pytest.approx(2.0) and ranks[0].verify_at(2, 1) == pytest.approx(5.0)
 
 
+def _calibration() -> AcceptanceCalibration:
+    """The calibration of an ``auto`` server (draft, sam and recycle bins)."""
+    return AcceptanceCalibration(prior_weight=4.0, sources=[StoreSource, RecycleSource])
+
+
 def test_calibration_starts_at_its_prior_and_learns():
     cal = AcceptanceCalibration(prior_weight=4.0)
     bins = cal.draft_bins(torch.tensor([0.9, 0.3, 0.01]))
@@ -120,21 +126,29 @@ def test_calibration_starts_at_its_prior_and_learns():
     p1 = cal.probability(bins)
     assert p1[0] < 0.2 and p1[1] > 0.8 and p1[2] == p0[2]
     m = torch.tensor([2, 5, 9, 20])
-    sam = cal.sam_bins(torch.full((4, 3), 0.5), m, torch.ones((4, 3), dtype=torch.long))
+    sam = StoreSource.feature_bins(torch.full((4, 3), 0.5), m, torch.ones((4, 3), dtype=torch.long))
     assert sam.shape == (4, 3) and len(set(sam[:, 0].tolist())) == 4
-    rec = cal.recycle_bins(torch.tensor([1, 2, 9]), torch.tensor([0, 5, 1]))
-    assert rec.tolist() == sorted(set(rec.tolist())) and int(rec.max()) < cal.num_bins
+    rec = RecycleSource.feature_bins(torch.tensor([1, 2, 9]), torch.tensor([0, 5, 1]))
+    assert rec.tolist() == sorted(set(rec.tolist())) and int(rec.max()) < RecycleSource.num_bins
+
+
+def test_calibration_allocates_a_bin_range_per_source_after_the_draft():
+    cal = _calibration()
+    assert cal.ranges == {"draft": (0, 16), "sam": (16, 16 + StoreSource.num_bins),
+                          "recycle": (16 + StoreSource.num_bins, cal.num_bins)}
+    assert cal.prior.shape == (cal.num_bins,) and list(cal.as_dict()) == ["draft", "sam", "recycle"]
+    assert AcceptanceCalibration().num_bins == 16  # no retrieval: draft bins only
 
 
 def test_retrieved_chain_nodes_are_binned_by_depth():
     """A chain seen once scores 1 at every depth; its nodes still get one bin per depth bucket
     (1, 2, 3-4, 5-8, 9+), deeper ones a lower prior, and each bucket learns on its own."""
-    cal = AcceptanceCalibration(prior_weight=4.0)
+    cal = _calibration()
     depth = torch.arange(1, 13)[None, :]
-    bins = cal.sam_bins(torch.ones((1, 12)), torch.tensor([20]), depth)[0]
+    bins = cal.offset("sam") + StoreSource.feature_bins(torch.ones((1, 12)), torch.tensor([20]), depth)[0]
     assert bins.tolist() == [bins[0]] + [bins[1]] + [bins[2]] * 2 + [bins[4]] * 4 + [bins[8]] * 4
     buckets = [int(bins[i]) for i in (0, 1, 2, 4, 8)]
-    assert len(set(buckets)) == 5 and max(bins.tolist()) < cal.recycle_base
+    assert len(set(buckets)) == 5 and max(bins.tolist()) < cal.offset("recycle")
     prior = cal.probability(torch.tensor(buckets))
     assert all(a > b for a, b in zip(prior.tolist(), prior[1:].tolist()))
     # depth 1 always accepted, depth 9+ never: each bucket follows its own data
@@ -181,7 +195,7 @@ def test_budget_follows_the_cost_of_verifying():
         _teach_costs(s, verify, pass_s=0.0)
         plan = s.begin(["a"], torch.tensor([3]))
         # confident draft: free verify takes the largest budget, a steep one none at all
-        s.calibration.prior[: s.calibration.SCORE_BINS] = 0.9
+        s.calibration.prior[: s.calibration.ranges["draft"][1]] = 0.9
         s.build(plan, pool, torch.tensor([5]))
         assert plan.num_nodes == expected, verify
 
@@ -192,7 +206,7 @@ def test_deeper_drafting_only_while_it_pays():
     _teach_costs(cheap, {1: 1.0, 8: 1.0}, pass_s=0.001)
     _teach_costs(dear, {1: 1.0, 8: 1.0}, pass_s=100.0)
     for s, expected in ((cheap, True), (dear, False)):
-        s.calibration.prior[: s.calibration.SCORE_BINS] = 0.9
+        s.calibration.prior[: s.calibration.ranges["draft"][1]] = 0.9
         plan = s.begin(["a"], torch.tensor([3]))
         assert s.keep_drafting(plan, pool) is expected
         assert plan.passes == int(expected)
@@ -222,7 +236,7 @@ def test_the_pruning_stage_caps_a_cost_aware_draft(keep, kept, deeper):
     pool = chain_pool(torch.tensor([[5, 6, 7]]), torch.tensor([[0.95, 0.95, 0.95]]))
     s = _stepper("cost", budgets=(1, 8), topk=1, thresholds=(1.0, 0.0, 0.0), keep_fractions=keep)
     _teach_costs(s, {1: 1.0, 8: 1.0}, pass_s=0.001)  # verifying and drafting cost next to nothing
-    s.calibration.prior[: s.calibration.SCORE_BINS] = 0.9
+    s.calibration.prior[: s.calibration.ranges["draft"][1]] = 0.9
     plan = s.begin(["a"], torch.tensor([3]))
     assert s.keep_drafting(plan, chain_pool(pool.tokens[:, :1], pool.scores[:, :1])) is deeper
     assert plan.stage.tolist() == [0]  # 0.95 < 1.0 at depth 0
@@ -253,7 +267,7 @@ def test_the_same_values_get_a_smaller_budget_in_a_larger_batch():
             s.cost.observe(bs=bs, num_nodes=n, verify_s=t, passes=1, draft_s=0.0, fixed_s=0.001)
     s.cost.publish()
     s.stats.steps = 7
-    s.calibration.prior[: s.calibration.SCORE_BINS] = 0.8
+    s.calibration.prior[: s.calibration.ranges["draft"][1]] = 0.8
     chosen = {}
     for bs in (1, 8):
         pool = chain_pool(torch.full((bs, 8), 5), torch.full((bs, 8), 0.99))

@@ -17,6 +17,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
+from sglang_graft.retrieval import SourceNames
 from sglang_graft.tree.types import (
     DEFAULT_THRESHOLDS,
     PAPER_BUDGET,
@@ -26,7 +27,9 @@ from sglang_graft.tree.types import (
     draft_pool_size,
 )
 
-SOURCES = ("sam", "recycle", "auto", "none")
+# ``--speculative-graft-source`` values: every registered retrieval source (built in: sam, recycle;
+# see ``sglang_graft.retrieval.register_source``), then auto and none. A live view of the registry.
+SOURCES = SourceNames()
 PLACEMENTS = ("root", "deepest_draft")
 # Who shares a recycling matrix: everybody, requests with the same tenant key
 # (``cache_salt``; a request without one is alone), or nobody.
@@ -123,21 +126,11 @@ class GraftConfig:
             return torch.device(device).type == "cuda" and self.placement == "root" and not self.per_step_metrics
         return self.sync_free == "on"
 
-    @property
-    def uses_store(self) -> bool:
-        """Whether requests get a suffix-automaton store."""
-        return self.source in ("sam", "auto")
-
-    @property
-    def uses_matrix(self) -> bool:
-        """Whether a token-recycling matrix is kept."""
-        return self.source in ("recycle", "auto")
-
 
 _FLAGS: dict[str, dict[str, Any]] = {
     "source": dict(choices=SOURCES, help="Retrieval source grafted into freed slots: per-request suffix "
-                   "automaton / n-gram store (sam), token-recycling matrix (recycle), per-request choice (auto), "
-                   "or none (prune only)."),
+                   "automaton / n-gram store (sam), token-recycling matrix (recycle), any other registered source, "
+                   "per-request choice between sam and recycle (auto), or none (prune only)."),
     "checkpoint_depths": dict(type=int, nargs="+", help="Draft depths of the confidence checkpoints."),
     "thresholds": dict(type=float, nargs="+", help="Confidence threshold per checkpoint (best path probability)."),
     "keep_fractions": dict(type=float, nargs="+", help="Share of the N-1 verify slots kept for draft nodes "

@@ -10,8 +10,8 @@ are updated without a host read).
   linear one are both represented), and one draft pass as a function of the batch size.
 * :class:`AcceptanceCalibration` maps node features to the probability that the node is accepted
   (on the accepted path), learned from verify results: draft nodes by their cumulative draft
-  probability, suffix-automaton nodes by their empirical path probability and match length,
-  recycled nodes by depth and rank.
+  probability, retrieved nodes by the bins their source declares (``sam``: empirical path
+  probability, match length and depth; ``recycle``: depth and rank).
 * :func:`expected_tokens` / :func:`choose_budget`: with node values ``v`` sorted per request, a
   budget ``N`` commits ``1 + sum(top N-1 values)`` tokens in expectation; the step picks the
   budget with the most expected tokens per predicted second, down to ``N = 1`` (no speculation).
@@ -29,6 +29,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from sglang_graft.retrieval.source import PROBABILITY_BINS, RetrievalSource, probability_bins
 from sglang_graft.tree import reduce_along_path
 
 __all__ = ["StepCost", "AcceptanceCalibration", "StepTimer", "expected_tokens", "choose_budget", "path_values",
@@ -203,69 +204,42 @@ class StepCost:
 class AcceptanceCalibration:
     """Probability that a tree node is accepted, by feature bin, learned from verify results.
 
-    Bins: draft nodes by ``floor(-2 * log2(cumulative draft probability))`` (16 bins); suffix-
-    automaton nodes by the same bins of their empirical path probability (``count / occurrences``)
-    times 4 match-strength buckets (suffix match < 4 tokens, i.e. the n-gram fallback, 4-7, 8-15,
-    16+) times 5 depth buckets (1, 2, 3-4, 5-8, 9+); recycled nodes by depth (1..8) times their
-    cumulative rank (0, 1, 2, 3+). Each bin starts from a prior worth ``prior_weight``
-    observations: the draft's own probability; the empirical path probability scaled by the match
-    strength and ``0.85 ** depth bucket``; ``0.7 ** (depth - 1)`` scaled by the rank.
+    Bins: draft nodes first, by ``floor(-2 * log2(cumulative draft probability))`` (16 bins, prior
+    the bin's probability); then each retrieval source's ``num_bins`` bins in the order given (ids
+    ``offset(name) + source.bins(proposal)``, prior ``source.bin_prior()``; see the sources in
+    :mod:`sglang_graft.retrieval`). Each bin starts from its prior worth ``prior_weight``
+    observations.
 
-    Why depth for retrieved chains: a chain seen once has empirical path probability 1 at every
-    depth, yet its 12th token is accepted only if the 11 before it are. Without depth, one bin
-    averages its shallow and deep nodes, undervalues the first and overvalues the last, and so
-    overvalues the nodes a larger budget adds.
+    Args:
+        device: where the tables live.
+        prior_weight: observations a prior is worth.
+        sources: the server's retrieval sources (``name``, ``num_bins``, ``bin_prior()``).
     """
 
-    SCORE_BINS = 16
-    STRENGTHS = 4
-    SAM_DEPTHS = 5
-    DEPTHS = 8
-    RANKS = 4
-
-    def __init__(self, device: torch.device | str = "cpu", prior_weight: float = 8.0) -> None:
+    def __init__(self, device: torch.device | str = "cpu", prior_weight: float = 8.0,
+                 sources: Sequence[RetrievalSource] = ()) -> None:
         self.device = torch.device(device)
-        self.sam_base = self.SCORE_BINS
-        self.recycle_base = self.sam_base + self.SCORE_BINS * self.STRENGTHS * self.SAM_DEPTHS
-        self.num_bins = self.recycle_base + self.DEPTHS * self.RANKS
-        centers = torch.pow(2.0, -(torch.arange(self.SCORE_BINS, dtype=torch.float32) + 0.5) / 2)
-        strength = torch.tensor([0.4, 0.6, 0.75, 0.85])
-        depth = torch.arange(self.DEPTHS, dtype=torch.float32)
-        rank = torch.tensor([0.5, 0.3, 0.2, 0.1])
-        sam_depth = torch.pow(0.85, torch.arange(self.SAM_DEPTHS, dtype=torch.float32))
-        sam = strength[:, None, None] * sam_depth[None, :, None] * centers[None, None, :]
-        prior = torch.cat([centers, sam.flatten(),
-                           (torch.pow(0.7, depth)[:, None] * rank[None, :]).flatten()])
-        self.prior = prior.to(self.device)
+        sizes = {"draft": PROBABILITY_BINS, **{s.name: s.num_bins for s in sources}}
+        self.ranges: dict[str, tuple[int, int]] = {}  # name -> [first bin, last bin + 1)
+        start = 0
+        for name, size in sizes.items():
+            self.ranges[name] = (start, start + size)
+            start += size
+        self.num_bins = start
+        centers = torch.pow(2.0, -(torch.arange(PROBABILITY_BINS, dtype=torch.float32) + 0.5) / 2)
+        self.prior = torch.cat([centers, *(s.bin_prior().float() for s in sources)]).to(self.device)
         self.prior_weight = float(prior_weight)
         # integer counts: deterministic on every device, so tensor-parallel ranks agree exactly
         self.shown = torch.zeros(self.num_bins, dtype=torch.int64, device=self.device)
         self.accepted = torch.zeros(self.num_bins, dtype=torch.int64, device=self.device)
 
-    # feature -> bin
-    def score_bins(self, scores: torch.Tensor) -> torch.Tensor:
-        """Path probabilities in ``(0, 1]`` -> 16 bins, two per halving."""
-        x = -2.0 * torch.log2(scores.float().clamp(min=1e-12, max=1.0))
-        return x.floor().clamp(0, self.SCORE_BINS - 1).to(torch.int64)
+    def offset(self, name: str) -> int:
+        """First bin id of source ``name`` (``draft``: 0)."""
+        return self.ranges[name][0]
 
     def draft_bins(self, scores: torch.Tensor) -> torch.Tensor:
-        """Cumulative draft probabilities -> bins."""
-        return self.score_bins(scores)
-
-    def sam_bins(self, scores: torch.Tensor, match_length: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        """Suffix-automaton nodes: empirical path probability ``[bs, R]``, match length ``[bs]``,
-        depth ``[bs, R]`` (1 = child of the root)."""
-        m = match_length.to(torch.int64)
-        strength = ((m >= 4).long() + (m >= 8).long() + (m >= 16).long())[:, None]
-        # depth 1, 2, 3-4, 5-8, 9+ -> 0..4 (ceil(log2(depth)), exact at powers of two)
-        level = torch.log2(depth.clamp(min=1).float()).ceil().to(torch.int64).clamp(max=self.SAM_DEPTHS - 1)
-        return self.sam_base + (strength * self.SAM_DEPTHS + level) * self.SCORE_BINS + self.score_bins(scores)
-
-    def recycle_bins(self, depth: torch.Tensor, cumulative_rank: torch.Tensor) -> torch.Tensor:
-        """Recycled nodes: depth 1.. (clamped to 8) and cumulative rank (0 = greedy chain)."""
-        d = (depth.to(torch.int64) - 1).clamp(0, self.DEPTHS - 1)
-        r = cumulative_rank.to(torch.int64).clamp(0, self.RANKS - 1)
-        return self.recycle_base + d * self.RANKS + r
+        """Cumulative draft probabilities (any shape) -> bins (same shape)."""
+        return probability_bins(scores)
 
     def probability(self, bins: torch.Tensor) -> torch.Tensor:
         """Calibrated acceptance probability of each bin index (any shape)."""
@@ -279,12 +253,11 @@ class AcceptanceCalibration:
         self.accepted.index_add_(0, flat, accepted.reshape(-1).to(torch.int64))
 
     def as_dict(self) -> dict:
-        """Observed acceptance rate and count per bin, by source."""
+        """Observed acceptance rate and count per bin, by source (``draft`` first)."""
         shown, acc = self.shown.tolist(), self.accepted.tolist()
         rate = [round(a / s, 3) if s else None for a, s in zip(acc, shown)]
-        parts = {"draft": (0, self.sam_base), "sam": (self.sam_base, self.recycle_base),
-                 "recycle": (self.recycle_base, self.num_bins)}
-        return {name: {"rate": rate[a:b], "shown": [int(x) for x in shown[a:b]]} for name, (a, b) in parts.items()}
+        return {name: {"rate": rate[a:b], "shown": [int(x) for x in shown[a:b]]}
+                for name, (a, b) in self.ranges.items()}
 
 
 def path_values(node_values: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:

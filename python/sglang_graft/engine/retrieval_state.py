@@ -1,5 +1,6 @@
-"""Per-server retrieval state of the GRAFT worker: per-request stores, the recycling matrix with its
-scopes, and the counters behind GRAFT's metrics.
+"""Per-server retrieval state of the GRAFT worker: the retrieval sources of
+``--speculative-graft-source`` (per-request stores, the recycling matrix with its scopes, or any
+registered :class:`~sglang_graft.retrieval.RetrievalSource`), and the counters behind GRAFT's metrics.
 
 Knows requests only as ``rid`` plus token lists handed in by the worker; imports nothing from
 SGLang. Every committed token reaches a request's store from the worker's own results, never
@@ -30,11 +31,9 @@ from typing import Hashable, Optional, Sequence
 import torch
 
 from sglang_graft.config import GraftConfig
-from sglang_graft.retrieval import RecyclingMatrix, RetrievalStore, ScopeTable, stack_trees
 from sglang_graft.engine.lagged import CommitRing, LaggedEntry
-from sglang_graft.tree import RetrievalProposals, from_host, node_depths, reroot_proposals
-
-WARMUP_RID = "__graft_warmup__"
+from sglang_graft.retrieval import RetrievalSource, SourceCombiner, SourceContext, build_sources
+from sglang_graft.tree import RetrievalProposals
 
 
 class NotAdmittedError(RuntimeError):
@@ -76,7 +75,9 @@ class GraftCounters:
 
 
 class GraftRetrieval:
-    """Chooses a retrieval source per request and proposes one padded tree batch per step.
+    """Drives the server's retrieval sources (``--speculative-graft-source``) through the
+    :class:`~sglang_graft.retrieval.RetrievalSource` protocol and proposes one padded tree batch
+    per step.
 
     Args:
         cfg: the algorithm config.
@@ -92,24 +93,20 @@ class GraftRetrieval:
         self.cfg = cfg
         self.num_nodes = num_nodes
         self.device = device
-        self.store = RetrievalStore(
-            "suffix_automaton", memory_cap_bytes=cfg.store_memory_mb << 20, context_cap=cfg.context_cap,
-            min_match_len=cfg.sam_min_match, ngram_min_n=1, ngram_max_n=3,
-        ) if cfg.uses_store else None
-        self.matrix = self.scopes = None
-        if cfg.uses_matrix:
-            num_scopes = 1 if cfg.recycle_scope == "shared" else max_requests + 1
-            self.matrix = RecyclingMatrix(vocab_size, k=cfg.recycle_k, widths=cfg.recycle_widths, device=device,
-                                          num_scopes=num_scopes)
-            self.scopes = ScopeTable(num_scopes)
-        self.width = num_nodes - 1  # retrieval can never place more nodes than that
-        if self.matrix is not None:
-            self.width = max(self.width, len(self.matrix.template().parents))
+        self.sources: list[RetrievalSource] = build_sources(
+            cfg.source, cfg, SourceContext(vocab_size, num_nodes, device, max_requests))
+        self.combined = SourceCombiner(self.sources, num_nodes)
+        self._follow = [s for s in self.sources if s.follows_context]  # get every request's tokens
         self.counters = GraftCounters(stage_histogram=[0] * (num_stages + 1))
         self._indexed: dict[Hashable, int] = {}  # admitted requests -> tokens of theirs indexed
         self._root_pending: set[Hashable] = set()
         self.ring: Optional[CommitRing] = None  # sync-free steps (see :meth:`use_ring`)
-        self._warm_up()
+        for source in self.sources:
+            source.warm_up()
+
+    def source(self, name: str) -> RetrievalSource:
+        """The running source called ``name``."""
+        return next(s for s in self.sources if s.name == name)
 
     def use_ring(self, num_slots: int) -> CommitRing:
         """Sync-free steps: committed tokens reach the stores through a :class:`CommitRing` of
@@ -124,49 +121,22 @@ class GraftRetrieval:
         self.commit([rid for rid, _ in drained.commits], [toks for _, toks in drained.commits])
         return drained.entries
 
-    def _warm_up(self) -> None:
-        """Compile the store's numba kernels now rather than inside the first request."""
-        if self.store is None:
-            return
-        self.store.create(WARMUP_RID, [1, 2, 3, 1, 2])
-        self.store.extend(WARMUP_RID, [3])
-        self.store.propose([WARMUP_RID], self.cfg.retrieval_max_depth, self.num_nodes - 1)
-        self.store.free(WARMUP_RID)
-
     # -- request lifecycle ---------------------------------------------------------------------
-    def scope_key(self, rid: Hashable, tenant: Optional[str]) -> Hashable:
-        """Who shares ``rid``'s recycling matrix (see ``--speculative-graft-recycle-scope``)."""
-        if self.cfg.recycle_scope == "shared":
-            return "shared"
-        if self.cfg.recycle_scope == "tenant" and tenant:
-            return ("tenant", tenant)
-        return ("request", rid)
-
     def admit(self, rid: Hashable, tokens: Sequence[int], tenant: Optional[str] = None) -> None:
         """Index ``tokens``: the request's whole sequence up to the end of the chunk being
         prefilled (prompt, plus the output so far for a retracted request coming back).
 
-        The first call creates the request's store; later calls (chunked prefill) index only the
-        tokens not seen yet. The token the prefill samples is added by :meth:`add_roots`.
+        Every source is told at every chunk (:meth:`RetrievalSource.admit` with the tokens an
+        earlier chunk gave). The token the prefill samples is added by :meth:`add_roots`.
         """
-        if self.store is not None:
-            seen = self._indexed.get(rid)
-            if seen is None:
-                if rid in self.store:  # a stale entry (released before re-admission)
-                    self.store.free(rid)
-                self.store.create(rid, tokens)
-            elif len(tokens) > seen:
-                self.store.extend(rid, tokens[seen:])
-            self.store.make_room(rid)  # a prompt that fills the window is rebuilt here, in its prefill
-            if self.ring is None:
-                self._root_pending.add(rid)
+        seen = self._indexed.get(rid)
+        for source in self.sources:
+            source.admit(rid, tokens, tenant, seen)
+        if self._follow and self.ring is None:
+            self._root_pending.add(rid)
         if self.ring is not None:
             self.ring.forget(rid)  # an earlier chunk's sampled token, or a retracted request's paths
         self._indexed[rid] = len(tokens)
-        if self.scopes is not None:
-            scope, must_reset = self.scopes.acquire(rid, self.scope_key(rid, tenant))
-            if must_reset:
-                self.matrix.reset(scope)
 
     def check_admitted(self, rids: Sequence[Hashable]) -> None:
         missing = [rid for rid in rids if rid not in self._indexed]
@@ -175,14 +145,15 @@ class GraftRetrieval:
                                    f"(first: {missing[0]!r})")
 
     def rows_needing_root(self, rids: Sequence[Hashable]) -> list[int]:
-        """Batch rows whose store still lacks the token the prefill sampled."""
+        """Batch rows whose sources still lack the token the prefill sampled."""
         return [i for i, rid in enumerate(rids) if rid in self._root_pending]
 
     def add_roots(self, rids: Sequence[Hashable], roots: Sequence[int]) -> None:
-        """Append each request's first root (the prefill's sampled token) to its store."""
+        """Append each request's first root (the prefill's sampled token) to its sources."""
         for rid, root in zip(rids, roots):
             if rid in self._root_pending:
-                self.store.extend(rid, [root])
+                for source in self._follow:
+                    source.extend(rid, [root])
                 self._root_pending.discard(rid)
 
     def release(self, rid: Hashable) -> None:
@@ -191,29 +162,28 @@ class GraftRetrieval:
         self._root_pending.discard(rid)
         if self.ring is not None:
             self.ring.forget(rid)
-        if self.store is not None and rid in self.store:
-            self.store.free(rid)
-        if self.scopes is not None:
-            self.scopes.release(rid, forget=self.cfg.recycle_scope == "request")
+        for source in self.sources:
+            source.release(rid)
 
     def store_usage(self) -> dict:
-        """Live per-request stores and their bytes, admitted requests."""
+        """Live per-request stores and their bytes, admitted requests (plus what sources report)."""
         usage = {"live_stores": 0, "store_bytes": 0, "admitted_requests": len(self._indexed)}
-        if self.store is not None:
-            st = self.store.stats()
-            usage.update(live_stores=int(st.requests), store_bytes=int(st.bytes))
+        for source in self.sources:
+            usage.update(source.usage())
         return usage
 
     def context(self, rid: Hashable):
-        """The tokens ``rid``'s store holds (for inspection)."""
-        return self.store.context(rid)
+        """The tokens ``rid``'s context-following source holds (for inspection)."""
+        return self._follow[0].context(rid)
 
     # -- proposals -------------------------------------------------------------------------------
     def scope_index(self, rids: Sequence[Hashable]) -> Optional[torch.Tensor]:
-        """``[bs] int64`` recycling scope of each request, on the device."""
-        if self.scopes is None:
-            return None
-        return from_host([self.scopes.scope(rid) for rid in rids], torch.int64, self.device)
+        """``[bs] int64`` recycling scope of each request, on the device (None: no source has scopes)."""
+        for source in self.sources:
+            scopes = source.scope_index(rids)
+            if scopes is not None:
+                return scopes
+        return None
 
     def propose(self, rids: Sequence[Hashable], anchor_tokens: torch.Tensor,
                 scopes: Optional[torch.Tensor] = None) -> RetrievalProposals:
@@ -223,12 +193,7 @@ class GraftRetrieval:
 
     def proposal_width(self, union: bool = False) -> int:
         """``R`` of :meth:`propose_scored`'s proposals (fixed per server)."""
-        if self.cfg.source == "none":
-            return 0
-        template = len(self.matrix.template().parents) if self.matrix is not None else 0
-        if not union:
-            return self.width
-        return (self.num_nodes - 1 if self.store is not None else 0) + template
+        return self.combined.width(union)
 
     def propose_scored(self, rids: Sequence[Hashable], anchor_tokens: torch.Tensor,
                        scopes: Optional[torch.Tensor] = None, calibration=None,
@@ -236,93 +201,30 @@ class GraftRetrieval:
                        ) -> tuple[RetrievalProposals, torch.Tensor]:
         """Proposals and each node's calibration bin (``[bs, R]``, zeros without ``calibration``).
 
-        ``union``: with source ``auto``, both sources' trees side by side (``R`` is their sum;
-        a node both propose under the same path is kept once, by graft) instead of one source
-        per request chosen by the match-length threshold.
+        ``union``: all sources' trees side by side (``R`` is their sum; a node two propose under
+        the same path is kept once, by graft) instead of one source per request (``auto``: the
+        store where its suffix match reaches the threshold, else the recycling matrix).
 
         ``pending``: sync-free steps, ``([bs, W] paths, [bs] lengths)`` committed since the stores'
         contexts end (the ring's pending paths; the last token is ``anchor_tokens``). The stores
         propose deeper trees, re-rooted on the device along the paths; the recycling matrix
         proposes under ``anchor_tokens`` as always.
         """
-        bs = len(rids)
-        if self.cfg.source == "none":
-            empty = RetrievalProposals.empty(bs, self.device)
-            return empty, torch.zeros((bs, 0), dtype=torch.int64, device=self.device)
-        parts = []
-        if self.store is not None:
-            width = self.num_nodes - 1 if union else self.width
-            extra = 0 if pending is None else pending[0].shape[1]  # the path the trees are re-rooted along
-            trees = self.store.propose(rids, self.cfg.retrieval_max_depth + extra, self.num_nodes - 1 + extra)
-            tok, par, sc, va = stack_trees(trees, width + extra, device=self.device)
-            match = None
-            if calibration is not None or (self.matrix is not None and not union) or pending is not None:
-                match = from_host([self.store.match_length(rid) for rid in rids], torch.int64, self.device)
-            if pending is not None:
-                rerooted, matched = reroot_proposals(RetrievalProposals(tok, par, sc, va), *pending, width)
-                tok, par, sc, va = rerooted.tokens, rerooted.parents, rerooted.scores, rerooted.valid
-                match = torch.where(matched, match + pending[1], 0)
-            bins = torch.zeros_like(tok)
-            if calibration is not None:
-                bins = calibration.sam_bins(torch.where(va, sc, 1e-12), match, node_depths(par))
-            parts.append((tok, par, sc, va, bins))
-        if self.matrix is not None:
-            tok, par, sc, va = self.matrix.propose_padded(anchor_tokens.to(torch.int64), scopes=scopes)
-            bins = torch.zeros_like(tok)
-            if calibration is not None:
-                depth = self._template_depth().expand_as(tok)
-                bins = calibration.recycle_bins(depth, -sc.clamp(min=-1e6))
-            pad = (self.width - tok.shape[1]) if not union else 0
-            if pad:
-                tok, bins = (torch.nn.functional.pad(x, (0, pad)) for x in (tok, bins))
-                par = torch.nn.functional.pad(par, (0, pad), value=-1)
-                sc = torch.nn.functional.pad(sc, (0, pad), value=float("-inf"))
-                va = torch.nn.functional.pad(va, (0, pad), value=False)
-            parts.append((tok, par, sc, va, bins))
-        if len(parts) == 1:
-            tok, par, sc, va, bins = parts[0]
-        elif union:
-            (t1, p1, s1, v1, b1), (t2, p2, s2, v2, b2) = parts
-            p2 = torch.where(p2 >= 0, p2 + t1.shape[1], p2)
-            tok, par, sc, va, bins = (torch.cat(x, dim=1) for x in ((t1, t2), (p1, p2), (s1, s2), (v1, v2), (b1, b2)))
-        else:  # auto: the store where its match is long enough, else the recycling matrix
-            use_sam = (match >= self.cfg.auto_match_threshold)[:, None]
-            tok, par, sc, va, bins = (torch.where(use_sam, a, b) for a, b in zip(parts[0], parts[1]))
-        return RetrievalProposals(tokens=tok, parents=par, scores=sc, valid=va), bins
-
-    def _template_depth(self) -> torch.Tensor:
-        """``[1, K]`` depth (1 = child of the anchor) of each recycling template node."""
-        if getattr(self, "_depth_cache", None) is None:
-            template = self.matrix.template()
-            offsets = template.depth_offsets.tolist()
-            depth = torch.zeros(len(template), dtype=torch.int64)
-            for d in range(len(offsets) - 1):
-                depth[offsets[d]: offsets[d + 1]] = d + 1
-            self._depth_cache = depth.to(self.device, non_blocking=True)[None, :]  # as from_host: no stream wait
-        return self._depth_cache
+        offsets = None if calibration is None else [calibration.offset(s.name) for s in self.sources]
+        return self.combined.propose(rids, anchor_tokens, scopes, offsets, union=union, pending=pending)
 
     # -- after verify ----------------------------------------------------------------------------
     def commit(self, rids: Sequence[Hashable], accepted: list[list[int]]) -> None:
-        """Feed each request's newly committed tokens (accepted drafts + bonus) to its store."""
-        if self.store is None:
-            return
-        for rid, toks in zip(rids, accepted):
-            if rid in self.store:
-                self.store.extend(rid, toks)
+        """Feed each request's newly committed tokens (accepted drafts + bonus) to the sources
+        that follow the context."""
+        for source in self._follow:
+            for rid, toks in zip(rids, accepted):
+                source.extend(rid, toks)
 
     def learn(self, node_tokens: torch.Tensor, node_valid: torch.Tensor, logits: torch.Tensor,
               scopes: Optional[torch.Tensor] = None) -> None:
-        """Refresh the recycling matrix with the target's top-k successors of every verified node
-        (accepted and rejected): ``M[scope][token(node)] = topk(logits(node))``.
-
-        Fixed shapes: ``node_tokens`` / ``node_valid`` ``[bs, N]``, ``logits`` ``[bs * N, V']``
-        (``V' >= vocab``); rows of padding nodes are written to the matrix's dump row.
-        """
-        if self.matrix is None:
-            return
-        bs, n = node_tokens.shape
-        vocab = self.matrix.vocab_size
-        topk = torch.topk(logits[:, :vocab], self.matrix.k, dim=-1).indices
-        node_scopes = None if scopes is None else scopes.repeat_interleave(n)
-        self.matrix.update(node_tokens.reshape(-1).to(torch.int64), topk, scopes=node_scopes,
-                           valid=node_valid.reshape(-1))
+        """Every source learns from the verified nodes (the recycling matrix: the target's top-k
+        successors of each). Fixed shapes: ``node_tokens`` / ``node_valid`` ``[bs, N]``, ``logits``
+        ``[bs * N, V']`` (``V' >= vocab``); ``scopes``: :meth:`scope_index` of the batch."""
+        for source in self.sources:
+            source.learn(node_tokens, node_valid, logits, scopes)

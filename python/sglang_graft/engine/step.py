@@ -130,7 +130,7 @@ class GraftStepper:
         self.max_nodes = self.budgets[-1]
         self.cost_aware = cfg.budget == "cost"
         self.device = device
-        self.calibration = AcceptanceCalibration(device)
+        self.calibration = AcceptanceCalibration(device, sources=retrieval.sources)
         self.cost = StepCost(self.budgets)
         self.all_reduce_sum = all_reduce_sum  # sums a CPU tensor over the tensor-parallel ranks, or None
         self.timer = StepTimer(device)

@@ -35,9 +35,9 @@ from .ngram import NgramIndex
 from .suffix_automaton import SuffixAutomaton
 from .types import RetrievedTree
 
-__all__ = ["RetrievalStore", "StoreStats", "SOURCES"]
+__all__ = ["RetrievalStore", "StoreStats", "INDEX_KINDS"]
 
-SOURCES = ("suffix_automaton", "ngram")
+INDEX_KINDS = ("suffix_automaton", "ngram")  # the index a request's store uses
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class RetrievalStore:
     """Registry of per-request retrieval indexes keyed by request id.
 
     Args:
-        source: default source for new requests, one of ``SOURCES``.
+        source: default source for new requests, one of ``INDEX_KINDS``.
         memory_cap_bytes: hard cap on the summed index memory of live requests.
         context_cap: tokens indexed per request (older ones dropped, see the indexes).
         min_match_len: shortest automaton match used as is.
@@ -129,8 +129,8 @@ class RetrievalStore:
 
     @staticmethod
     def _check_source(source: str) -> None:
-        if source not in SOURCES:
-            raise ValueError(f"unknown retrieval source {source!r}; expected one of {SOURCES}")
+        if source not in INDEX_KINDS:
+            raise ValueError(f"unknown retrieval source {source!r}; expected one of {INDEX_KINDS}")
 
     # ------------------------------------------------------------------ lifecycle
     def create(self, rid: Hashable, prompt_tokens: Sequence[int] | np.ndarray, source: str | None = None) -> None:
