@@ -38,23 +38,13 @@ def build_tree_kernel_efficient_cpu(
     retrive_next_sibling.copy_(layout.retrive_next_sibling.to(retrive_next_sibling.dtype))
 
 
-def verify_tree_greedy_cpu(
-    predicts: torch.Tensor,
-    accept_index: torch.Tensor,
-    accept_token_num: torch.Tensor,
-    candidates: torch.Tensor,
-    retrive_index: torch.Tensor,
-    retrive_next_token: torch.Tensor,
-    retrive_next_sibling: torch.Tensor,
-    target_predict: torch.Tensor,
-) -> None:
-    """Greedy tree walk; writes ``predicts``, ``accept_index`` and ``accept_token_num`` in place."""
-    from sglang_graft.tree import verify_tree_greedy
+def verify_tree_greedy_cpu(*args, **kwargs) -> None:
+    """SGLang's ``verify_tree_greedy`` op (output buffers first, written in place): GRAFT's torch
+    reference with that argument order, ``sglang_graft.tree.verify.verify_tree_greedy_into``
+    (imported at call time: this module loads while SGLang itself is importing)."""
+    from sglang_graft.tree.verify import verify_tree_greedy_into
 
-    verify_tree_greedy(
-        candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict,
-        predicts=predicts, accept_index=accept_index, accept_token_num=accept_token_num,
-    )
+    verify_tree_greedy_into(*args, **kwargs)
 
 
 def reconstruct_indices_from_tree_mask(
