@@ -156,7 +156,9 @@ MODEL_FORWARD = Seam("sglang.srt.model_executor.model_runner.ModelRunner.forward
                      "keep every tree node's position inside the model's context (rotary tables end there)")
 SPEC_METRICS = Seam("sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
                     "count a request's proposed drafts as the nodes GRAFT verified, not steps x (largest N - 1)")
-SPEC_CONFIG = Seam("sglang.srt.runtime_context.get_spec", "tell whether this server runs GRAFT")
+SPEC_CONFIG = Seam("sglang.srt.runtime_context.get_spec", "tell whether this server runs GRAFT; the resolved draft "
+                   "shape GRAFT's engine is built for (before EAGLEWorkerV2 reads it)")
+DEVICE_CONFIG = Seam("sglang.srt.runtime_context.get_device", "the resolved device GRAFT's engine is built on")
 HOOKS_APPLIED = Seam("sglang.srt.plugins.hook_registry.HookRegistry._patched",
                      "check that every GRAFT hook was applied")
 EAGLE_FORWARD = Seam(f"{_SW}.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",

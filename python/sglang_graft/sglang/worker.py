@@ -64,17 +64,19 @@ class GraftWorkerV2(EAGLEWorkerV2):
 
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
         seams.check_hooks_applied()
-        # the engine first, from the server's flags: the draft worker is given it at construction
+        # the engine first, from the resolved draft shape SGLang's worker reads too (a flag left unset
+        # is None on server_args): the draft worker is given the engine at construction
         self.graft_cfg: GraftConfig = getattr(server_args, seams.GRAFT_CONFIG_ATTR, None) or GraftConfig()
-        num_nodes, num_steps = server_args.speculative_num_draft_tokens, server_args.speculative_num_steps
-        device = server_args.device
+        spec = seams.SPEC_CONFIG.resolve()()
+        num_nodes, num_steps, topk = spec.speculative_num_draft_tokens, spec.speculative_num_steps, spec.speculative_eagle_topk
+        device = seams.DEVICE_CONFIG.resolve()().device
         vocab = target_worker.model_runner.model_config.vocab_size
         num_stages = len(self.graft_cfg.resolved_checkpoints(num_steps))
         self.retrieval = GraftRetrieval(self.graft_cfg, vocab, num_nodes, num_stages, device,
                                         max_requests=(server_args.max_running_requests or 48) + 1)
         self.budgets = self.graft_cfg.resolved_budgets(num_nodes)
         self.sync_free = self.graft_cfg.resolved_sync_free(device)
-        self.stepper = GraftStepper(self.graft_cfg, self.retrieval, num_steps, server_args.speculative_eagle_topk,
+        self.stepper = GraftStepper(self.graft_cfg, self.retrieval, num_steps, topk,
                                     self.budgets, device, all_reduce_sum=_tp_all_reduce(), sync_free=self.sync_free)
         self.tp_check = TreeHashCheck(self.graft_cfg.tp_check, _tp_all_reduce(torch.distributed.ReduceOp.MAX)
                                       if self.graft_cfg.tp_check else None)
@@ -83,7 +85,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
         if self._draft_worker is not None and not isinstance(self._draft_worker, GraftDraftWorker):
             raise seams.DRAFT_WORKER_CLASS.error("EAGLEWorkerV2 did not create GRAFT's draft worker")
-        built_for = (num_nodes, num_steps, server_args.speculative_eagle_topk, str(device))
+        built_for = (num_nodes, num_steps, topk, str(device))
         if (self.speculative_num_draft_tokens, self.speculative_num_steps, self.topk, str(self.device)) != built_for:
             raise seams.EAGLE_WORKER.error(f"EAGLEWorkerV2 resolved another draft shape or device than GRAFT's engine "
                                            f"was built for (N, steps, topk, device) = {built_for}")
