@@ -91,6 +91,9 @@ class StepOutcome:
         return HostOutcome(array, self.tokens.shape[1])
 
 
+_NUMPY_DTYPES = {torch.int64: np.int64, torch.float64: np.float64}
+
+
 def host_copy(t: torch.Tensor) -> np.ndarray:
     """A non-blocking copy into (pinned, on CUDA) host memory, as a numpy view; valid once the
     stream has passed this point."""
@@ -98,7 +101,7 @@ def host_copy(t: torch.Tensor) -> np.ndarray:
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         array = host.numpy()
     else:
-        array = np.empty(tuple(t.shape), dtype=torch.empty((), dtype=t.dtype).numpy().dtype)
+        array = np.empty(tuple(t.shape), dtype=_NUMPY_DTYPES[t.dtype])
         host = torch.from_numpy(array)
     host.copy_(t, non_blocking=True)
     return array
