@@ -25,6 +25,8 @@ Nothing here imports SGLang or the engine.
 
 from __future__ import annotations
 
+import abc
+
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator, Optional, Sequence
 
@@ -94,7 +96,7 @@ class SourceContext:
     max_requests: int
 
 
-class RetrievalSource:
+class RetrievalSource(abc.ABC):
     """One retrieval source (subclass and override; the defaults suit a stateless source).
 
     Class attributes:
@@ -125,14 +127,15 @@ class RetrievalSource:
         """Compile or allocate what the first request would otherwise wait for."""
 
     # -- proposals -------------------------------------------------------------------------------
+    @abc.abstractmethod
     def width(self) -> int:
         """``R`` of this source's own proposals (fixed per server)."""
-        raise NotImplementedError
 
     def scope_index(self, rids: Sequence[Hashable]) -> Optional[torch.Tensor]:
         """``[bs] int64`` which learned state each request reads (see ``recycle``), or None."""
         return None
 
+    @abc.abstractmethod
     def propose(self, rids: Sequence[Hashable], anchor_tokens: torch.Tensor, width: int,
                 scopes: Optional[torch.Tensor] = None,
                 pending: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> SourceProposal:
@@ -142,7 +145,6 @@ class RetrievalSource:
         pads). ``scopes``: :meth:`scope_index` of the batch (any source's). ``pending``: sync-free
         steps, ``([bs, W] paths, [bs] lengths)`` committed but not yet given to :meth:`extend`
         (the last token is the anchor)."""
-        raise NotImplementedError
 
     def preferred(self, proposal: SourceProposal) -> torch.Tensor:
         """``auto``: ``[bs] bool`` rows where this source's proposal is used rather than the next
