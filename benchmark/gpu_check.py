@@ -53,8 +53,8 @@ from sglang_graft.tree import (  # noqa: E402
 )
 from tree_bench import capture, make_pool, make_proposals, timed, to_device  # noqa: E402
 
-LAYOUT_FIELDS = ("positions", "depth", "ancestor_mask", "retrive_index", "retrive_next_token",
-                 "retrive_next_sibling", "max_depth")
+LAYOUT_FIELDS = ("positions", "depth", "ancestor_mask", "flat_index", "first_child",
+                 "next_sibling", "max_depth")
 CANARY = 7
 
 
@@ -155,8 +155,8 @@ def check_tree_kernels(cases, tallies: dict) -> None:
             tallies["tree_mask"].check(name + " packed", ok, "packed rows differ or canary overwritten")
 
 
-STEP_TREE_FIELDS = ("tokens", "parents", "linked", "from_draft", "from_retrieval", "draft_index", "retrieval_index",
-                    "retrieval_slot", "num_draft", "num_retrieved", "num_merged", "anchor_slot")
+STEP_TREE_FIELDS = ("tokens", "parents", "linked", "from_draft", "from_retrieval", "draft_index", "proposal_index",
+                    "proposal_slot", "num_draft", "num_retrieved", "num_merged", "anchor_slot")
 
 
 def step_cases(sizes, batches, per_shape: int, device: str, gen: torch.Generator):
@@ -177,7 +177,7 @@ def step_cases(sizes, batches, per_shape: int, device: str, gen: torch.Generator
                 if r and c % 4 == 1:
                     proposals.valid = torch.rand(bs, r, generator=gen) > 0.3
                 if r and c % 3 == 2:
-                    proposals.scores = (proposals.scores * 3).round() / 3
+                    proposals.priority = (proposals.priority * 3).round() / 3
                 thresholds = tuple(float(x) for x in torch.rand(3, generator=gen).mul(0.6))
                 config = PruneConfig(checkpoint_depths=tuple(sorted({0, 1, steps - 1}))[:3], thresholds=thresholds[
                     : len(set((0, 1, steps - 1)))], keep_per_stage=(1, 3, 6)[: len(set((0, 1, steps - 1)))])
@@ -210,7 +210,7 @@ def _kernel_args(args: tuple) -> tuple:
     """``graft_step``'s arguments for ``build_graft_tree``'s (placement root)."""
     pool, roots, proposals, seq_lens, n, config, _, pad, num_keep, depth_limit = args
     return (pool.tokens, pool.parents, pool.scores, pool.depths, pool.num_steps, roots, proposals.tokens,
-            proposals.parents, proposals.scores, proposals.valid, seq_lens, n,
+            proposals.parents, proposals.priority, proposals.valid, seq_lens, n,
             torch.tensor(config.checkpoint_depths, dtype=torch.int64), torch.tensor(config.thresholds),
             torch.tensor(config.keep_table(n), dtype=torch.int64), pad, num_keep, depth_limit)
 

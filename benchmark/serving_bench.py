@@ -46,7 +46,7 @@ METHODS = {
     "EAGLE3-tree": ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "4", "--speculative-eagle-topk",
                     "4", "--speculative-num-draft-tokens", "16"],
     "GRAFT": ["--speculative-algorithm", "GRAFT"],  # the defaults a user gets
-    "GRAFT-fixed": ["--speculative-algorithm", "GRAFT", "--speculative-graft-budget", "fixed"],
+    "GRAFT-fixed": ["--speculative-algorithm", "GRAFT", "--speculative-graft-budget-mode", "fixed"],
     # the CUDA default (no host read in the step), served on this CPU
     "GRAFT-sync-free": ["--speculative-algorithm", "GRAFT", "--speculative-graft-sync-free", "on"],
 }

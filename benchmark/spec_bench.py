@@ -71,7 +71,7 @@ def methods(steps: int, topk: int, n: int) -> dict[str, Method]:
         Method("GRAFT-auto", (*graft, "--speculative-graft-source", "auto"), steps, True),
         Method("GRAFT-prune-only", (*graft, "--speculative-graft-source", "none"), steps, True),
         # the previous behaviour: every draft pass, N every step, the published draft / retrieval split
-        Method("GRAFT-fixed", (*graft, "--speculative-graft-source", "auto", "--speculative-graft-budget", "fixed"),
+        Method("GRAFT-fixed", (*graft, "--speculative-graft-source", "auto", "--speculative-graft-budget-mode", "fixed"),
                steps, True),
         # what a user gets: only the algorithm and the head (steps 6, topk 4, N 16, cost-aware budget)
         Method("GRAFT", ("--speculative-algorithm", "GRAFT"), 6, True),

@@ -130,7 +130,7 @@ def bench_one(args, bs: int) -> dict:
     tree = graft(pool, pruned, roots, proposals, n)
     step = build_graft_tree(pool, roots, proposals, seq_lens, n, config)
     lay = step.layout
-    links = (step.tree.tokens, lay.retrive_index, lay.retrive_next_token, lay.retrive_next_sibling)
+    links = (step.tree.tokens, lay.flat_index, lay.first_child, lay.next_sibling)
     target = torch.randint(0, args.vocab, (bs, n), generator=gen).to(dev)
     probs = torch.softmax(torch.randn(bs, n, args.verify_vocab, generator=gen), -1).to(dev)
     # Sampling verify gathers candidate tokens from [bs, N, V] rows: keep them inside V.

@@ -32,7 +32,7 @@ TREE = ["--speculative-num-steps", "4", "--speculative-eagle-topk", "2", "--spec
 MODES = {
     "tree-cost": [*TREE, "--speculative-graft-sync-free", "off"],
     "tree-sync-free": [*TREE, "--speculative-graft-sync-free", "on"],
-    "tree-fixed": [*TREE, "--speculative-graft-budget", "fixed", "--speculative-graft-sync-free", "off"],
+    "tree-fixed": [*TREE, "--speculative-graft-budget-mode", "fixed", "--speculative-graft-sync-free", "off"],
     "chain-cost": ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
                    "6", "--speculative-graft-sync-free", "off"],
 }

@@ -255,16 +255,32 @@ class Engine:
     ``owner.method`` -> a callable ``(engine objects, *args, **kwargs)``, for methods whose name
     or signature changed (the rest are called by their recorded name); ``results``: recorded
     ``owner.method`` -> a function giving a result in the recorded layout, for results whose
-    layout changed."""
+    layout changed; ``renames``: dataclass name -> ``{recorded field: today's field}``, applied to
+    the recording; ``added``: dataclass name -> fields today's class has and the recording lacks
+    (left out of the comparison)."""
 
     def __init__(self, make_retrieval: Callable, make_stepper: Callable, classes: dict, calls: dict | None = None,
-                 results: dict | None = None, final_state: Callable | None = None) -> None:
+                 results: dict | None = None, final_state: Callable | None = None,
+                 renames: dict | None = None, added: dict | None = None) -> None:
         self.make_retrieval = make_retrieval
         self.make_stepper = make_stepper
         self.classes = classes
         self.calls = calls or {}
         self.results = results or {}
         self.final_state = final_state
+        self.renames = renames or {}
+        self.added = added or {}
+
+
+def _renamed(x: Any, renames: dict, drop: dict | None = None) -> Any:
+    """Plain data with the dataclass fields of ``renames`` renamed and those of ``drop`` left out."""
+    if isinstance(x, dict):
+        kind = x.get("__type__")
+        names, gone = renames.get(kind, {}), (drop or {}).get(kind, ())
+        return {names.get(k, k): _renamed(v, renames, drop) for k, v in x.items() if k not in gone}
+    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+        return type(x)(_renamed(v, renames, drop) for v in x)
+    return x
 
 
 class _ReplayTimer:
@@ -311,6 +327,7 @@ def _rebuild(x: Any, classes: dict, refs: dict | None = None) -> Any:
 
 def replay(events: list[dict], engine: Engine) -> dict:
     """Replay ``events`` against ``engine``; returns ``{"calls": n, "differences": [...]}``."""
+    events = _renamed(events, engine.renames)
     timer_events = [(e["args"][0], e["result"]) for e in events if e["call"] == "timer.end"]
     live: dict[str, Any] = {}
     diffs: list[str] = []
@@ -340,7 +357,8 @@ def replay(events: list[dict], engine: Engine) -> dict:
         result = fn(live, *args, **kwargs) if fn is not None else getattr(live[owner], method)(*args, **kwargs)
         calls += 1
         if method in ("begin", "build"):
-            got = plain(result, {id(v): k for k, v in live.items() if k not in ("plan", "step")})
+            got = _renamed(plain(result, {id(v): k for k, v in live.items() if k not in ("plan", "step")}), {},
+                           engine.added)
             live["plan" if method == "begin" else "step"] = result
             diffs += [f"event {i} {call}{d}" for d in differences(got, event["result"])]
             continue
@@ -348,7 +366,8 @@ def replay(events: list[dict], engine: Engine) -> dict:
             live["ring"] = result
             continue
         translate = engine.results.get(call)
-        got = plain(translate(result) if translate else result, {id(v): k for k, v in live.items()})
+        got = _renamed(plain(translate(result) if translate else result, {id(v): k for k, v in live.items()}), {},
+                       engine.added)
         diffs += [f"event {i} {call}{d}" for d in differences(got, event["result"])]
         if len(diffs) > 20:
             break

@@ -336,7 +336,7 @@ def test_isolated_recycling_scope_keeps_requests_independent(tiny_models, server
     results = {}
     for scope in ("request", "shared"):
         args = _graft(tiny_models, "--speculative-graft-source", "recycle", "--speculative-graft-recycle-scope", scope,
-                      "--speculative-graft-per-step-metrics", "--speculative-graft-budget", "fixed")
+                      "--speculative-graft-per-step-metrics", "--speculative-graft-budget-mode", "fixed")
         with SGLangServer(tiny_models["llama"], args, log_path=server_logs / f"reliability-scope-{scope}.log") as srv:
             first = steps(srv, b_prompt)
             steps(srv, a_prompt)

@@ -161,7 +161,7 @@ def _check_proposed_counts(outs, max_nodes: int) -> None:
     # SGLang's CUDA branch of the chain KV write window, taken on this CPU: planned before the draft
     # for N slots; cost-aware steps choose N after it (the window is left to verify), fixed ones before
     ("chain-cuda-window-fixed", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
-                                 "--speculative-graft-budget", "fixed"]),
+                                 "--speculative-graft-budget-mode", "fixed"]),
 ])
 def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extra):
     ids, ref = reference

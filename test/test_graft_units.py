@@ -23,7 +23,7 @@ def _validate(cfg=gc.GraftConfig(), **kw):
 
 def test_defaults_validate_and_follow_the_published_split():
     _validate()
-    cfg = gc.GraftConfig(budget="fixed")
+    cfg = gc.GraftConfig(budget_mode="fixed")
     assert cfg.resolved_checkpoints(6) == (0, 1, 5)
     assert cfg.resolved_checkpoints(3) == (0, 1, 2)
     pc = cfg.prune_config(61, 6)  # the paper's 60-slot example (root excluded)
@@ -33,7 +33,7 @@ def test_defaults_validate_and_follow_the_published_split():
     # cost-aware (the default): no cap unless keep fractions are given, then they cap in both modes
     assert gc.GraftConfig().prune_config(16, 6).keep_table(16) == (15, 15, 15, 15)
     for budget in ("cost", "fixed"):
-        given = gc.GraftConfig(budget=budget, keep_fractions=(0.0, 0.2, 1.0))
+        given = gc.GraftConfig(budget_mode=budget, keep_fractions=(0.0, 0.2, 1.0))
         assert given.prune_config(16, 6).keep_table(16) == (0, 3, 15, 15)
 
 
@@ -226,15 +226,15 @@ def test_cpu_sampling_verify_writes_the_reference_result_in_place():
     layout = flatten(cand, torch.tensor([parents] * bs), torch.full((bs,), 7))
     probs = torch.softmax(torch.randn(bs, n, v, generator=g), dim=-1)
     coins, final = torch.rand(bs, n, generator=g), torch.rand(bs, generator=g)
-    ref = verify_tree_sampling(cand, layout.retrive_index, layout.retrive_next_token, layout.retrive_next_sibling,
+    ref = verify_tree_sampling(cand, layout.flat_index, layout.first_child, layout.next_sibling,
                                probs, coins, final, num_speculative_tokens=n)
     predicts = torch.zeros(bs * n, dtype=torch.int32)
     accept_index = torch.full((bs, n), -1, dtype=torch.int32)
     accept_num = torch.empty(bs, dtype=torch.int32)
     sampling.cpu_sampling_verify(
         predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=cand,
-        retrive_index=layout.retrive_index, retrive_next_token=layout.retrive_next_token,
-        retrive_next_sibling=layout.retrive_next_sibling, uniform_samples=coins,
+        retrive_index=layout.flat_index, retrive_next_token=layout.first_child,
+        retrive_next_sibling=layout.next_sibling, uniform_samples=coins,
         uniform_samples_for_final_sampling=final, target_probs=probs, draft_probs=torch.zeros_like(probs))
     assert torch.equal(predicts.long(), ref[0].long()) and torch.equal(accept_index.long(), ref[1].long())
     assert torch.equal(accept_num.long(), ref[2].long())

@@ -92,7 +92,7 @@ def test_cuda_dispatch_matches_the_references(monkeypatch):
     ref = flatten_torch(None, parents, seq_lens, linked)
     got = flatten(None, parents.cuda(), seq_lens.cuda(), linked.cuda())
     assert got.ancestor_bits is not None
-    for field in ("positions", "depth", "ancestor_mask", "retrive_next_token", "retrive_next_sibling", "max_depth"):
+    for field in ("positions", "depth", "ancestor_mask", "first_child", "next_sibling", "max_depth"):
         assert torch.equal(getattr(got, field).cpu(), getattr(ref, field)), field
     rm_cpu, rm_gpu = RecyclingMatrix(50, k=4, widths=(1,)), RecyclingMatrix(50, k=4, widths=(1,), device="cuda")
     tokens, topk = torch.randint(0, 50, (300,), generator=gen), torch.randint(0, 50, (300, 4), generator=gen)

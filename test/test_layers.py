@@ -131,3 +131,49 @@ def test_the_layer_rules_catch_an_upward_import():
     assert not _allowed("sglang_graft.sglang.plugin", "sglang_cpu_port")
     assert _allowed("sglang_cpu_port", "sglang_graft.sglang.seams")
     assert _imports("sglang_graft.tree.flatten", ROOT / "python/sglang_graft/tree/flatten.py") >= {"sglang_graft.kernels"}
+
+
+# SGLang's names for GRAFT's quantities (see the glossary in ``sglang_graft/tree/types.py``): used as
+# identifiers only where SGLang is spoken, the adapter (``sglang_graft.sglang``), the CPU port of
+# SGLang, and ``tree/draft.py``, which reads SGLang's draft outputs.
+SGLANG_NAMES = {"speculative_num_draft_tokens", "draft_token_num", "num_draft_tokens", "num_verify_tokens",
+                "retrive_index", "retrive_next_token", "retrive_next_sibling", "retrieve_index",
+                "retrieve_next_token", "retrieve_next_sibling", "verified_id"}
+SPEAKS_SGLANG = ("sglang_graft.sglang", "sglang_cpu_port", "sglang_graft.tree.draft")
+
+
+def _identifiers(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return names
+
+
+def test_sglang_names_stay_where_sglang_is_spoken():
+    offenders = {}
+    for module, path in _modules().items():
+        if any(module == p or module.startswith(p + ".") for p in SPEAKS_SGLANG):
+            continue
+        used = _identifiers(path) & SGLANG_NAMES
+        if used:
+            offenders[module] = sorted(used)
+    assert not offenders, offenders
+
+
+def test_the_name_check_sees_identifiers():
+    """Negative control: the check finds an SGLang name used as an argument, an attribute and a keyword."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "m.py"
+        path.write_text("def f(draft_token_num):\n    return g(x.retrive_index, verified_id=1)\n")
+        assert _identifiers(path) & SGLANG_NAMES == {"draft_token_num", "retrive_index", "verified_id"}

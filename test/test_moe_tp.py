@@ -156,7 +156,7 @@ def test_graft_moe_expert_parallel_then_a_drifted_rank_stops_both(tiny_models, s
     env = {**TP2_ENV, "GRAFT_TEST_DRIFT_FILE": str(trigger),
            "PYTHONPATH": os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p)}
     # the fixed budget drafts every level every step: the draft head runs beside the EP target each step
-    args = _graft_args(tiny_models, "--speculative-graft-tp-check", "1", "--speculative-graft-budget", "fixed",
+    args = _graft_args(tiny_models, "--speculative-graft-tp-check", "1", "--speculative-graft-budget-mode", "fixed",
                        *TP2, "--ep-size", "2")
     srv = SGLangServer(tiny_models["qwen3-moe"], args, log_path=server_logs / "moe-ep2-drift.log", env=env)
     with srv:

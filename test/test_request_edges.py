@@ -363,6 +363,6 @@ def test_context_edge_answers_match_no_speculation(graft_server, plain_edge_answ
 @pytest.mark.server
 def test_context_edge_with_the_default_shape_fixed_budget_and_sync_free(tiny_models, server_logs, plain_edge_answers):
     args = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
-            "--max-running-requests", "16", "--speculative-graft-budget", "fixed", "--speculative-graft-sync-free", "on"]
+            "--max-running-requests", "16", "--speculative-graft-budget-mode", "fixed", "--speculative-graft-sync-free", "on"]
     with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "request-edges-context.log") as srv:
         _check_edge("graft defaults, fixed, sync-free", plain_edge_answers, *_edge_answers(srv))

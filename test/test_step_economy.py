@@ -165,7 +165,7 @@ def test_path_values_never_exceed_an_ancestor():
 
 
 def _stepper(mode: str, budgets=(1, 2, 4, 8), topk=2, steps=3, **cfg) -> GraftStepper:
-    config = GraftConfig(budget=mode, **{"source": "none", **cfg})
+    config = GraftConfig(budget_mode=mode, **{"source": "none", **cfg})
     retrieval = GraftRetrieval(config, 32, num_nodes=max(budgets), num_stages=3, device="cpu")
     return GraftStepper(config, retrieval, num_steps=steps, topk=topk,
                         budgets=config.resolved_budgets(max(budgets)) if mode == "fixed" else budgets, device="cpu")
@@ -280,7 +280,7 @@ def test_the_same_values_get_a_smaller_budget_in_a_larger_batch():
 def test_resolved_budgets():
     assert GraftConfig().resolved_budgets(16) == (1, 2, 4, 8, 16)
     assert GraftConfig().resolved_budgets(12) == (1, 2, 4, 8, 12)
-    assert GraftConfig(budget="fixed").resolved_budgets(16) == (16,)
+    assert GraftConfig(budget_mode="fixed").resolved_budgets(16) == (16,)
     assert GraftConfig(budgets=(4, 2, 16)).resolved_budgets(16) == (2, 4, 16)
     assert np.all(np.diff(GraftConfig().resolved_budgets(61)) > 0)
 

@@ -66,7 +66,19 @@ def _engine() -> Engine:
                            "RetrievalProposals": RetrievalProposals, "LaggedEntry": entry},
                   calls={"ring.record": record},
                   results={"ring.record": _recorded_entry,
-                           "retrieval.drain": lambda entries: [_recorded_entry(e) for e in entries]})
+                           "retrieval.drain": lambda entries: [_recorded_entry(e) for e in entries]},
+                  renames=RENAMES, added={"StepPlan": ("proposal_values",)})
+
+
+# Fields renamed since the traces were recorded (one vocabulary, see tree/types.py).
+RENAMES = {
+    "GraftConfig": {"budget": "budget_mode"},
+    "StepPlan": {"root": "root_tokens"},
+    "RetrievalProposals": {"scores": "priority"},
+    "GraftTree": {"retrieval_index": "proposal_index", "retrieval_slot": "proposal_slot"},
+    "VerifyLayout": {"retrive_index": "flat_index", "retrive_next_token": "first_child",
+                     "retrive_next_sibling": "next_sibling"},
+}
 
 
 def test_traces_are_present():

@@ -123,7 +123,7 @@ def test_proposals_are_re_rooted_along_the_pending_path():
 
 
 def _stepper(**cfg) -> GraftStepper:
-    config = GraftConfig(budget="cost", sync_free="on", **{"source": "auto", **cfg})
+    config = GraftConfig(budget_mode="cost", sync_free="on", **{"source": "auto", **cfg})
     retrieval = GraftRetrieval(config, 32, num_nodes=8, num_stages=3, device="cpu")
     retrieval.use_ring(8)
     s = GraftStepper(config, retrieval, num_steps=3, topk=2, budgets=(1, 2, 4, 8), device="cpu", sync_free=True)
@@ -199,7 +199,7 @@ def test_sync_free_flag():
     assert not GraftConfig(per_step_metrics=True).resolved_sync_free("cuda")  # auto yields to the request
     for cfg, flag in [(GraftConfig(sync_free="maybe"), "--speculative-graft-sync-free"),
                       (GraftConfig(sync_free="on", per_step_metrics=True), "--speculative-graft-per-step-metrics"),
-                      (GraftConfig(sync_free="on", placement="deepest_draft", source="recycle", budget="fixed"),
+                      (GraftConfig(sync_free="on", placement="deepest_draft", source="recycle", budget_mode="fixed"),
                        "--speculative-graft-sync-free")]:
         with pytest.raises(ValueError, match=flag):
             validate(cfg, num_nodes=8, num_steps=3, topk=2)

@@ -35,7 +35,7 @@ def _make_case(seed, bs, n, topk, steps, vocab, r, taus, keep, device="cpu"):
     seq_lens = torch.randint(0, 20, (bs,), generator=gen)
     dev = lambda x: x.to(device)  # noqa: E731
     pool_d = DraftPool(dev(pool.tokens), dev(pool.parents), dev(pool.scores), dev(pool.depths), topk, steps)
-    props_d = RetrievalProposals(*(dev(x) for x in (proposals.tokens, proposals.parents, proposals.scores,
+    props_d = RetrievalProposals(*(dev(x) for x in (proposals.tokens, proposals.parents, proposals.priority,
                                                     proposals.valid)))
     return pool, proposals, config, roots, seq_lens, pool_d, props_d
 
@@ -58,7 +58,7 @@ def check_tree(pool, proposals, step, seq_lens, n, placement, pad):
     T = lambda x: x.cpu().tolist()  # noqa: E731
     tokens, parents, linked = T(tree.tokens), T(tree.parents), T(tree.linked)
     mask, positions = T(layout.ancestor_mask), T(layout.positions.view(bs, n))
-    nxt, sib = T(layout.retrive_next_token), T(layout.retrive_next_sibling)
+    nxt, sib = T(layout.first_child), T(layout.next_sibling)
     for b in range(bs):
         tok, par, lk = tokens[b], parents[b], linked[b]
         # Parents precede children; the root is node 0.
@@ -108,7 +108,7 @@ def check_tree(pool, proposals, step, seq_lens, n, placement, pad):
             assert anchor == kept.index(kept[max(range(nd), key=lambda x: key[x])]) + 1
         # Every placed proposal node spells its proposal path below the anchor.
         r_tok, r_par = T(proposals.tokens[b]), T(proposals.parents[b])
-        r_slot = T(tree.retrieval_slot[b])
+        r_slot = T(tree.proposal_slot[b])
         draft_paths = {_path_tokens(tok, par, s, stop=0): s for s in range(1, nd + 1)}
         anchor_path = _path_tokens(tok, par, anchor, stop=0) if anchor else ()
         valid = T(proposals.valid[b])
@@ -162,8 +162,8 @@ def test_merges_happen_and_budget_is_filled_by_priority():
     assert bool((step.tree.num_merged > 0).all())  # the copied draft prefix merged everywhere
     for b in range(4):
         r_par = proposals.parents[b].tolist()
-        scores = proposals.scores[b].tolist()
-        slot = step.tree.retrieval_slot[b].tolist()
+        scores = proposals.priority[b].tolist()
+        slot = step.tree.proposal_slot[b].tolist()
         new = [j for j in range(30) if slot[j] > 6]
         candidates = [j for j in range(30) if proposals.valid[b, j] and not 0 < slot[j] <= 6]
         assert len(candidates) > 9 and len(new) == 16 - 1 - 6
@@ -181,14 +181,14 @@ def test_duplicate_proposal_siblings_are_dropped_with_their_subtree():
     # Proposal: 6 -> 9, then a second 6 (duplicate sibling) with child 8, and 7.
     proposals = RetrievalProposals(
         tokens=torch.tensor([[6, 9, 6, 8, 7]]), parents=torch.tensor([[-1, 0, -1, 2, -1]]),
-        scores=torch.ones(1, 5), valid=torch.ones(1, 5, dtype=torch.bool),
+        priority=torch.ones(1, 5), valid=torch.ones(1, 5, dtype=torch.bool),
     )
     config = PruneConfig(checkpoint_depths=(0,), thresholds=(0.0,), keep_per_stage=(0,))
     step = build_graft_tree(pool, torch.tensor([1]), proposals, torch.tensor([4]), 8, config)
     tree = step.tree
     assert tree.tokens[0].tolist() == [1, 5, 6, 9, 7, 0, 0, 0]
     assert tree.parents[0].tolist() == [-1, 0, 0, 2, 0, 0, 0, 0]
-    assert tree.retrieval_slot[0].tolist() == [2, 3, -1, -1, 4]  # 6 merged into draft slot 2
+    assert tree.proposal_slot[0].tolist() == [2, 3, -1, -1, 4]  # 6 merged into draft slot 2
     assert tree.from_draft[0].tolist() == [False, True, True] + [False] * 5
     assert tree.from_retrieval[0].tolist() == [False, False, True, True, True, False, False, False]
     assert tree.num_merged.tolist() == [1] and tree.num_retrieved.tolist() == [2]
@@ -200,7 +200,7 @@ def test_new_retrieved_values_count_what_the_graft_adds():
     pool = DraftPool(tokens=torch.tensor([[5, 6, 4]]), parents=torch.tensor([[-1, -1, 0]]),
                      scores=torch.tensor([[0.6, 0.3, 0.5]]), depths=torch.tensor([[0, 0, 1]]), topk=2, num_steps=2)
     proposals = RetrievalProposals(tokens=torch.tensor([[5, 4, 3, 5, 7]]), parents=torch.tensor([[-1, 0, 1, -1, -1]]),
-                                   scores=torch.ones(1, 5), valid=torch.ones(1, 5, dtype=torch.bool))
+                                   priority=torch.ones(1, 5), valid=torch.ones(1, 5, dtype=torch.bool))
     values = torch.tensor([[0.875, 0.75, 0.625, 0.5, 0.25]])
     kept = new_retrieved_values(pool, torch.tensor([[0.6, 0.3, 0.5]]), proposals, values)
     assert kept.tolist() == [[0.0, 0.0, 0.625, 0.0, 0.25]]
@@ -221,7 +221,7 @@ def test_new_retrieved_values_agree_with_the_graft_on_random_trees(seed):
     tree = graft(pool, pruned, roots, proposals, n)
     counted = new_retrieved_values(pool, torch.ones(pool.tokens.shape), proposals,
                                    torch.ones(proposals.tokens.shape)) > 0
-    placed = tree.retrieval_slot > pool.size
+    placed = tree.proposal_slot > pool.size
     assert torch.equal(counted, placed) and bool(tree.num_merged.sum() > 0)
 
 
@@ -237,8 +237,8 @@ def test_deepest_draft_placement_anchors_under_deepest_kept_node():
     assert bool((step.layout.depth.gather(1, anchor[:, None]) >= 2).all())
     assert step.tree.num_merged.tolist() == [0, 0, 0]
     # Top-level proposal nodes hang under the anchor.
-    top = (proposals.parents == -1) & (step.tree.retrieval_slot >= 0)
-    placed_parent = step.tree.parents.gather(1, step.tree.retrieval_slot.clamp(min=0))
+    top = (proposals.parents == -1) & (step.tree.proposal_slot >= 0)
+    placed_parent = step.tree.parents.gather(1, step.tree.proposal_slot.clamp(min=0))
     assert bool((placed_parent[top] == anchor[:, None].expand_as(top)[top]).all())
     with pytest.raises(ValueError):
         build_graft_tree(pool, roots, proposals, seq_lens, 20, config, placement="leaf")
@@ -276,6 +276,6 @@ def test_flatten_defaults_and_non_topological_numbering():
     parents = torch.tensor([[-1, 3, 0, 0, 1]])
     layout = flatten(torch.tensor([[9, 1, 2, 3, 4]]), parents, torch.tensor([10]))
     assert layout.positions.tolist() == [10, 12, 11, 11, 13]
-    assert layout.retrive_next_token.tolist() == [[2, 4, -1, 1, -1]]
-    assert layout.retrive_next_sibling.tolist() == [[-1, -1, 3, -1, -1]]
+    assert layout.first_child.tolist() == [[2, 4, -1, 1, -1]]
+    assert layout.next_sibling.tolist() == [[-1, -1, 3, -1, -1]]
     assert layout.max_depth.tolist() == [3]

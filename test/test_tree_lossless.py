@@ -97,7 +97,7 @@ def mixed_tree(base_seed: int, root: int):
 
 def _verify(tree_tokens, layout, rows, pick, gen, device):
     """Verify ``len(pick)`` draws; draw ``d`` uses tree ``pick[d]``."""
-    links = [tree_tokens, layout.retrive_index, layout.retrive_next_token, layout.retrive_next_sibling]
+    links = [tree_tokens, layout.flat_index, layout.first_child, layout.next_sibling]
     links = [x[pick].to(device) for x in links]
     # Each draw is its own request: rows b*N + i.
     links[1] = (torch.arange(len(pick), device=device)[:, None] * N + torch.arange(N, device=device)).contiguous()

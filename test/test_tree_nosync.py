@@ -37,7 +37,7 @@ def _inputs(seed: int, device: str = "cpu"):
     seq_lens = torch.randint(1, 50, (BS,), generator=gen)
     move = lambda x: x.to(device)  # noqa: E731
     pool = DraftPool(move(pool.tokens), move(pool.parents), move(pool.scores), move(pool.depths), TOPK, STEPS)
-    props = RetrievalProposals(move(props.tokens), move(props.parents), move(props.scores), move(props.valid))
+    props = RetrievalProposals(move(props.tokens), move(props.parents), move(props.priority), move(props.valid))
     return pool, move(roots), props, move(seq_lens)
 
 
@@ -77,7 +77,7 @@ def test_pipeline_and_verify_do_not_sync(placement):
         step = build_graft_tree(pool, roots, props, seq_lens, N, CONFIG, placement)
         lay = step.layout
         full_tree_mask(lay.ancestor_mask, seq_lens, seq_sum)
-        links = (step.tree.tokens, lay.retrive_index, lay.retrive_next_token, lay.retrive_next_sibling)
+        links = (step.tree.tokens, lay.flat_index, lay.first_child, lay.next_sibling)
         verify_tree_greedy(*links, target, N)
         verify_tree_sampling(*links, probs, coins, final, N)
     assert "scatter_" in ops and "gather" in ops  # the guard did see the work
@@ -114,10 +114,10 @@ def test_pipeline_replays_in_a_cuda_graph(placement):
     for seed in (4, 5):
         fresh = _inputs(seed, "cuda")
         for dst, src in zip(
-            (pool.tokens, pool.parents, pool.scores, roots, props.tokens, props.parents, props.scores, props.valid,
+            (pool.tokens, pool.parents, pool.scores, roots, props.tokens, props.parents, props.priority, props.valid,
              seq_lens),
             (fresh[0].tokens, fresh[0].parents, fresh[0].scores, fresh[1], fresh[2].tokens, fresh[2].parents,
-             fresh[2].scores, fresh[2].valid, fresh[3]),
+             fresh[2].priority, fresh[2].valid, fresh[3]),
         ):
             dst.copy_(src)
         graph.replay()

@@ -105,7 +105,7 @@ def test_thresholds_zero_and_one_give_all_draft_and_all_retrieval(device):
     s, t, p = simulate_eagle_draft(bs, 3, 4, vocab, gen)
     pool = _to(draft_pool_from_sglang(s, t, p, 3, 4), device)
     proposals = random_proposals(bs, 24, vocab, gen, invalid_tail=0)
-    proposals = type(proposals)(*(x.to(device) for x in (proposals.tokens, proposals.parents, proposals.scores,
+    proposals = type(proposals)(*(x.to(device) for x in (proposals.tokens, proposals.parents, proposals.priority,
                                                           proposals.valid)))
     roots = torch.zeros(bs, dtype=torch.long, device=device)
     seq = torch.zeros(bs, dtype=torch.long, device=device)

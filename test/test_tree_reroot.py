@@ -54,7 +54,7 @@ def _proposals(tokens, parents, scores, valid, device="cpu"):
     return RetrievalProposals(
         tokens=torch.tensor(tokens, dtype=torch.int64, device=device).view(bs, r),
         parents=torch.tensor(parents, dtype=torch.int64, device=device).view(bs, r),
-        scores=torch.tensor(scores, dtype=torch.float32, device=device).view(bs, r),
+        priority=torch.tensor(scores, dtype=torch.float32, device=device).view(bs, r),
         valid=torch.tensor(valid, dtype=torch.bool, device=device).view(bs, r),
     )
 
@@ -66,7 +66,7 @@ def _check(case):
     got, matched = reroot_proposals(
         props, torch.tensor(path, dtype=torch.int64).view(bs, w), torch.tensor(path_len), width
     )
-    for t, dtype in ((got.tokens, torch.int64), (got.parents, torch.int64), (got.scores, torch.float32),
+    for t, dtype in ((got.tokens, torch.int64), (got.parents, torch.int64), (got.priority, torch.float32),
                      (got.valid, torch.bool)):
         assert t.shape == (bs, width) and t.dtype == dtype
     assert matched.shape == (bs,) and matched.dtype == torch.bool
@@ -75,7 +75,7 @@ def _check(case):
         assert got.tokens[b].tolist() == w_tok
         assert got.parents[b].tolist() == w_par
         # Scores are float32 values, copied exactly.
-        assert got.scores[b].tolist() == w_score
+        assert got.priority[b].tolist() == w_score
         assert got.valid[b].tolist() == w_valid
         assert bool(matched[b]) == w_matched
         # The output is itself a well-formed proposal: parents precede children.
@@ -147,8 +147,8 @@ def test_docstring_example_chain_with_sibling():
     assert got.tokens.tolist() == [[B, C, 0]]
     assert got.parents.tolist() == [[-1, 0, -1]]
     assert got.valid.tolist() == [[True, True, False]]
-    assert got.scores[0, :2].tolist() == pytest.approx([0.8, 0.7])
-    assert got.scores[0, 2].item() == -math.inf
+    assert got.priority[0, :2].tolist() == pytest.approx([0.8, 0.7])
+    assert got.priority[0, 2].item() == -math.inf
     assert matched.tolist() == [True]
 
 
@@ -171,7 +171,7 @@ def test_leaf_match_miss_truncation_and_empty():
                                     torch.tensor([1, 3]), width=4)
     assert got.tokens.tolist() == [[0] * 4] * 2 and got.parents.tolist() == [[-1] * 4] * 2
     assert got.valid.tolist() == [[False] * 4] * 2 and matched.tolist() == [False, False]
-    assert torch.isneginf(got.scores).all()
+    assert torch.isneginf(got.priority).all()
 
 
 def test_duplicate_siblings_keep_the_subtrees_of_every_match():
@@ -220,8 +220,8 @@ def test_no_host_sync_and_meta_shapes(width):
         got, matched = reroot_proposals(props, path, path_len, width)
     assert "scatter_" in ops and "gather" in ops
     meta_got, meta_matched = reroot_proposals(*_batch("meta"), width)
-    for real, meta in zip((got.tokens, got.parents, got.scores, got.valid, matched),
-                          (meta_got.tokens, meta_got.parents, meta_got.scores, meta_got.valid, meta_matched)):
+    for real, meta in zip((got.tokens, got.parents, got.priority, got.valid, matched),
+                          (meta_got.tokens, meta_got.parents, meta_got.priority, meta_got.valid, meta_matched)):
         assert meta.device.type == "meta"
         assert meta.shape == real.shape and meta.dtype == real.dtype
     with forbid_host_sync():

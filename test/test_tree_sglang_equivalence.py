@@ -86,7 +86,7 @@ def test_build_tree_matches_sglang_triton_kernel(bs, topk, steps, n, mode):
     _, parent_list, top, draft_tokens, seq_lens, verified = _draft(bs, topk, steps, n, seed=bs * 100 + n)
     ref = _sglang_build(parent_list, top, seq_lens, topk, steps, n, mode)
     got = build_tree_from_sglang_draft(verified, parent_list, top, draft_tokens, seq_lens, n, topk, steps, mode)
-    names = ["tree_mask", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling"]
+    names = ["tree_mask", "positions", "flat_index", "first_child", "next_sibling"]
     for name, a, b in zip(names, got[:5], ref):
         assert torch.equal(a, b), name
     assert torch.equal(got[5], torch.cat([verified[:, None], draft_tokens], 1).flatten())
@@ -100,8 +100,8 @@ def test_build_tree_orphan_matches_sglang_triton_kernel(bs, topk, steps, n):
     for mode in (TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY):
         ref = _sglang_build(parent_list, top, seq_lens, topk, steps, n, mode)
         layout = sglang_draft_tree_layout(parent_list, top, seq_lens, topk, steps, n, mode)
-        got = [layout.tree_mask, layout.positions, layout.retrive_index, layout.retrive_next_token,
-               layout.retrive_next_sibling]
+        got = [layout.tree_mask, layout.positions, layout.flat_index, layout.first_child,
+               layout.next_sibling]
         for a, b in zip(got, ref):
             assert torch.equal(a, b)
     # The orphan (depth 1 in the mask) is reachable from no list.
@@ -118,8 +118,8 @@ def test_build_tree_degenerate_selection_matches_sglang_triton_kernel():
     for mode in (TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY):
         ref = _sglang_build(parent_list, top, seq_lens, topk, steps, n, mode)
         layout = sglang_draft_tree_layout(parent_list, top, seq_lens, topk, steps, n, mode)
-        got = [layout.tree_mask, layout.positions, layout.retrive_index, layout.retrive_next_token,
-               layout.retrive_next_sibling]
+        got = [layout.tree_mask, layout.positions, layout.flat_index, layout.first_child,
+               layout.next_sibling]
         for a, b in zip(got, ref):
             assert torch.equal(a, b)
 
@@ -135,7 +135,7 @@ def test_graft_pipeline_draft_only_equals_sglang_tree(bs, topk, steps, n):
     ref = _sglang_build(parent_list, top, seq_lens, topk, steps, n, TreeMaskMode.FULL_MASK)
     layout = step.layout
     full = full_tree_mask(layout.ancestor_mask, seq_lens, int(seq_lens.sum()))
-    got = [full, layout.positions, layout.retrive_index, layout.retrive_next_token, layout.retrive_next_sibling]
+    got = [full, layout.positions, layout.flat_index, layout.first_child, layout.next_sibling]
     for a, b in zip(got, ref):
         assert torch.equal(a, b)
     assert torch.equal(layout.draft_token, torch.cat([verified[:, None], draft_tokens], 1).flatten())
@@ -159,7 +159,7 @@ def test_verify_greedy_matches_sglang_triton_kernel(seed):
     tree, layout = step.tree, step.layout
     # Targets that follow a random linked child most of the time, so paths get deep.
     target = torch.randint(0, 5, (bs, n), generator=gen)
-    nxt = layout.retrive_next_token
+    nxt = layout.first_child
     follow = (torch.rand(bs, n, generator=gen) < 0.8) & (nxt >= 0)
     target = torch.where(follow, tree.tokens.gather(1, nxt.clamp(min=0)), target)
     for width in (n, 3):
@@ -169,11 +169,11 @@ def test_verify_greedy_matches_sglang_triton_kernel(seed):
         ref_num = torch.empty(bs, dtype=torch.int32)
         k.call(
             "verify_tree_greedy_triton",
-            ref_pred, ref_acc, ref_num, tree.tokens, layout.retrive_index, layout.retrive_next_token,
-            layout.retrive_next_sibling, target,
+            ref_pred, ref_acc, ref_num, tree.tokens, layout.flat_index, layout.first_child,
+            layout.next_sibling, target,
         )
         pred, acc, num = verify_tree_greedy(
-            tree.tokens, layout.retrive_index, layout.retrive_next_token, layout.retrive_next_sibling, target, width
+            tree.tokens, layout.flat_index, layout.first_child, layout.next_sibling, target, width
         )
         assert torch.equal(pred, ref_pred) and torch.equal(acc, ref_acc) and torch.equal(num, ref_num)
 
@@ -195,9 +195,9 @@ def test_tree_layout_from_mask_matches_sglang_triton_kernel(seed):
     )
     got = tree_layout_from_mask(mask, seq_lens)
     assert torch.equal(got.positions, ref[0].view(-1))
-    assert torch.equal(got.retrive_index, ref[1])
-    assert torch.equal(got.retrive_next_token, ref[2])
-    assert torch.equal(got.retrive_next_sibling, ref[3])
+    assert torch.equal(got.flat_index, ref[1])
+    assert torch.equal(got.first_child, ref[2])
+    assert torch.equal(got.next_sibling, ref[3])
 
 
 def _cuda_kernel_restated(parent_list, selected, seq_lens, topk, depth, n, packed: bool):
@@ -255,9 +255,9 @@ def test_layout_matches_cuda_kernel_restatement(bs, topk, steps, n):
     for mode in TreeMaskMode:
         layout = sglang_draft_tree_layout(parent_list, top, seq_lens, topk, steps, n, mode)
         assert torch.equal(layout.positions, positions)
-        assert torch.equal(layout.retrive_index, ri)
-        assert torch.equal(layout.retrive_next_token, nt)
-        assert torch.equal(layout.retrive_next_sibling, ns)
+        assert torch.equal(layout.flat_index, ri)
+        assert torch.equal(layout.first_child, nt)
+        assert torch.equal(layout.next_sibling, ns)
         assert torch.equal(layout.ancestor_mask, anc)
         if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
             # Little-endian bytes of the packed rows: byte k holds columns 8k..8k+7.

@@ -137,7 +137,7 @@ def random_proposals(
             tokens[b, j], parents[b, j], valid[b, j] = tok, par, True
             scores[b, j] = float(torch.rand(1, generator=gen))
             j += 1
-    return RetrievalProposals(tokens=tokens, parents=parents, scores=scores, valid=valid)
+    return RetrievalProposals(tokens=tokens, parents=parents, priority=scores, valid=valid)
 
 
 # --------------------------------------------------------------------------------------

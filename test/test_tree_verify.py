@@ -36,8 +36,8 @@ def _hybrid(seed, bs, n, vocab=5, topk=2, steps=4, r=None, taus=(0.3, 0.2)):
 
 def _links(step, device="cpu"):
     lay = step.layout
-    return [x.to(device) for x in (step.tree.tokens, lay.retrive_index, lay.retrive_next_token,
-                                   lay.retrive_next_sibling)]
+    return [x.to(device) for x in (step.tree.tokens, lay.flat_index, lay.first_child,
+                                   lay.next_sibling)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -47,7 +47,7 @@ def test_greedy_equals_brute_force_walk(device, seed, bs, n, width_cut):
     step, gen = _hybrid(seed, bs, n)
     tree, lay = step.tree, step.layout
     # Targets: mostly the token of a random linked child, sometimes the padding token.
-    kids_tok = tree.tokens.gather(1, lay.retrive_next_token.clamp(min=0))
+    kids_tok = tree.tokens.gather(1, lay.first_child.clamp(min=0))
     target = torch.where(torch.rand(bs, n, generator=gen) < 0.7, kids_tok, torch.randint(0, 5, (bs, n), generator=gen))
     target = torch.where(torch.rand(bs, n, generator=gen) < 0.15, PAD, target)
     width = max(1, n - width_cut)

@@ -260,7 +260,7 @@ def _graft_step_kernel(
     tokens_ptr, parents_ptr, from_draft_ptr, from_ret_ptr, linked_ptr, draft_index_ptr, ret_index_ptr,
     ret_slot_ptr, num_retrieved_ptr, num_merged_ptr,
     # layout outputs
-    positions_ptr, depth_ptr, bits_ptr, mask_ptr, next_token_ptr, next_sibling_ptr, retrive_index_ptr,
+    positions_ptr, depth_ptr, bits_ptr, mask_ptr, next_token_ptr, next_sibling_ptr, flat_index_ptr,
     max_depth_ptr,
     # scratch
     ws_f_ptr, ws_i_ptr, ws_m_ptr,
@@ -292,7 +292,7 @@ def _graft_step_kernel(
     tl.store(linked_ptr + row, linked.to(tl.int8), mask=sok)
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int64)
     _layout_rows(parent, linked, seq_len, b, positions_ptr, depth_ptr, bits_ptr, mask_ptr, next_token_ptr,
-                 next_sibling_ptr, retrive_index_ptr, max_depth_ptr, N, BN, ROUNDS_N)
+                 next_sibling_ptr, flat_index_ptr, max_depth_ptr, N, BN, ROUNDS_N)
 
 
 def _pow2(n: int) -> int:
@@ -351,8 +351,8 @@ def graft_step(
         "from_retrieval": torch.empty((bs, n), dtype=torch.bool, device=dev),
         "linked": torch.empty((bs, n), dtype=torch.bool, device=dev),
         "draft_index": torch.empty((bs, n), dtype=i64, device=dev),
-        "retrieval_index": torch.empty((bs, n), dtype=i64, device=dev),
-        "retrieval_slot": torch.empty((bs, r), dtype=i64, device=dev),
+        "proposal_index": torch.empty((bs, n), dtype=i64, device=dev),
+        "proposal_slot": torch.empty((bs, r), dtype=i64, device=dev),
         "num_retrieved": torch.empty(bs, dtype=i64, device=dev),
         "num_merged": torch.empty(bs, dtype=i64, device=dev),
         **layout_outputs(bs, n, dev),
@@ -378,7 +378,7 @@ def graft_step(
         num_keep if num_keep is not None else one, depth_limit if depth_limit is not None else one,
         out["keep"].view(torch.int8), out["stage"], out["confidence"] if c else one.float(), out["num_kept"],
         out["tokens"], out["parents"], out["from_draft"].view(torch.int8), out["from_retrieval"].view(torch.int8),
-        out["linked"].view(torch.int8), out["draft_index"], out["retrieval_index"], out["retrieval_slot"] if r else one,
+        out["linked"].view(torch.int8), out["draft_index"], out["proposal_index"], out["proposal_slot"] if r else one,
         out["num_retrieved"], out["num_merged"],
         *layout_args(out),
         ws_f, ws_i, ws_m,

@@ -26,7 +26,7 @@ def _gather(values, index, cols):
 def _layout_rows(
     parent, linked, seq_len, b,
     positions_ptr, depth_ptr, bits_ptr, mask_ptr, next_token_ptr, next_sibling_ptr,
-    retrive_index_ptr, max_depth_ptr,
+    flat_index_ptr, max_depth_ptr,
     N: tl.constexpr, BN: tl.constexpr, ROUNDS: tl.constexpr,
 ):
     """Write request ``b``'s layout from its ``[BN]`` parents (int64) and linked flags (bool)."""
@@ -67,7 +67,7 @@ def _layout_rows(
     tl.store(bits_ptr + row, anc, mask=ok)
     tl.store(next_token_ptr + row, next_token, mask=ok)
     tl.store(next_sibling_ptr + row, next_sibling, mask=ok)
-    tl.store(retrive_index_ptr + row, row, mask=ok)
+    tl.store(flat_index_ptr + row, row, mask=ok)
     tl.store(max_depth_ptr + b, max_depth)
     mask_offs = (b * N + i64[:, None]) * N + i64[None, :]
     tl.store(mask_ptr + mask_offs, cell.to(tl.int8), mask=ok[:, None] & ok[None, :])
@@ -77,7 +77,7 @@ def _layout_rows(
 def _tree_layout_kernel(
     parents_ptr, linked_ptr, seq_lens_ptr,
     positions_ptr, depth_ptr, bits_ptr, mask_ptr, next_token_ptr, next_sibling_ptr,
-    retrive_index_ptr, max_depth_ptr,
+    flat_index_ptr, max_depth_ptr,
     N: tl.constexpr, BN: tl.constexpr, ROUNDS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -87,7 +87,7 @@ def _tree_layout_kernel(
     linked = tl.load(linked_ptr + b * N + i, mask=ok, other=0) != 0
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int64)
     _layout_rows(parent, linked, seq_len, b, positions_ptr, depth_ptr, bits_ptr, mask_ptr, next_token_ptr,
-                 next_sibling_ptr, retrive_index_ptr, max_depth_ptr, N, BN, ROUNDS)
+                 next_sibling_ptr, flat_index_ptr, max_depth_ptr, N, BN, ROUNDS)
 
 
 def layout_outputs(bs: int, n: int, device) -> dict[str, torch.Tensor]:
@@ -98,9 +98,9 @@ def layout_outputs(bs: int, n: int, device) -> dict[str, torch.Tensor]:
         "depth": torch.empty((bs, n), dtype=i64, device=device),
         "ancestor_bits": torch.empty((bs, n), dtype=i64, device=device),
         "ancestor_mask": torch.empty((bs, n, n), dtype=torch.bool, device=device),
-        "retrive_next_token": torch.empty((bs, n), dtype=i64, device=device),
-        "retrive_next_sibling": torch.empty((bs, n), dtype=i64, device=device),
-        "retrive_index": torch.empty((bs, n), dtype=i64, device=device),
+        "first_child": torch.empty((bs, n), dtype=i64, device=device),
+        "next_sibling": torch.empty((bs, n), dtype=i64, device=device),
+        "flat_index": torch.empty((bs, n), dtype=i64, device=device),
         "max_depth": torch.empty(bs, dtype=i64, device=device),
     }
 
@@ -108,7 +108,7 @@ def layout_outputs(bs: int, n: int, device) -> dict[str, torch.Tensor]:
 def layout_args(out: dict[str, torch.Tensor]) -> tuple:
     """The layout pointers in ``_layout_rows`` order."""
     return (out["positions"], out["depth"], out["ancestor_bits"], out["ancestor_mask"].view(torch.int8),
-            out["retrive_next_token"], out["retrive_next_sibling"], out["retrive_index"], out["max_depth"])
+            out["first_child"], out["next_sibling"], out["flat_index"], out["max_depth"])
 
 
 def jump_rounds(n: int) -> int:
@@ -126,8 +126,8 @@ def tree_layout(parents: torch.Tensor, linked: torch.Tensor, seq_lens: torch.Ten
 
     Returns:
         ``positions [bs*N]``, ``depth [bs, N]``, ``ancestor_bits [bs, N]`` (int64 bitmask),
-        ``ancestor_mask [bs, N, N]`` bool, ``retrive_index`` / ``retrive_next_token`` /
-        ``retrive_next_sibling`` ``[bs, N]``, ``max_depth [bs]`` (all int64 but the mask).
+        ``ancestor_mask [bs, N, N]`` bool, ``flat_index`` / ``first_child`` /
+        ``next_sibling`` ``[bs, N]``, ``max_depth [bs]`` (all int64 but the mask).
     """
     bs, n = parents.shape
     if n > MAX_NODES:

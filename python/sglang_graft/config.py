@@ -64,7 +64,7 @@ class GraftConfig:
     recycle_scope: str = "tenant"  # who shares a recycling matrix (see RECYCLE_SCOPES)
     auto_match_threshold: int = 4  # auto: suffix match length from which sam is used
     per_step_metrics: bool = False  # per verify step GRAFT fields in responses (else aggregates)
-    budget: str = "cost"  # cost: per-step budget, draft only what pays; fixed: N every step, every draft pass
+    budget_mode: str = "cost"  # cost: per-step budget, draft only what pays; fixed: N every step, every draft pass
     budgets: Tuple[int, ...] = ()  # verify budgets a step may choose; empty = 1, 2, 4, ... below N, and N
     skip_draft_tokens: float = 3.0  # retrieval alone expects this many accepted tokens: no draft passes
     tp_check: int = 0  # every K steps compare a hash of the verify tree across TP ranks (0 = off)
@@ -83,7 +83,7 @@ class GraftConfig:
         cap made the cost-aware step slower; the README's "Running GRAFT" section has the run)."""
         if self.keep_fractions:
             return self.keep_fractions
-        if self.budget == "fixed":
+        if self.budget_mode == "fixed":
             return tuple(k / PAPER_BUDGET for k in PAPER_KEEP_PER_STAGE)
         return (1.0,) * len(PAPER_KEEP_PER_STAGE)
 
@@ -93,7 +93,7 @@ class GraftConfig:
 
         Example: ``N = 16`` gives ``(1, 2, 4, 8, 16)``; ``N = 12`` gives ``(1, 2, 4, 8, 12)``.
         """
-        if self.budget == "fixed":
+        if self.budget_mode == "fixed":
             return (num_nodes,)
         if self.budgets:
             return tuple(sorted(set(self.budgets)))
@@ -114,8 +114,8 @@ class GraftConfig:
         """
         depths = self.resolved_checkpoints(num_steps)
         n = len(depths)
-        budget = num_nodes - 1
-        keep = tuple(min(budget, max(int(f > 0), round(f * budget))) for f in self.resolved_keep_fractions()[:n])
+        slots = num_nodes - 1
+        keep = tuple(min(slots, max(int(f > 0), round(f * slots))) for f in self.resolved_keep_fractions()[:n])
         return PruneConfig(checkpoint_depths=depths, thresholds=tuple(self.thresholds[:n]),
                            keep_per_stage=keep, min_retrieval_slots=self.min_retrieval_slots)
 
@@ -135,7 +135,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "thresholds": dict(type=float, nargs="+", help="Confidence threshold per checkpoint (best path probability)."),
     "keep_fractions": dict(type=float, nargs="+", help="Share of the N-1 verify slots kept for draft nodes "
                            "when pruning stops at each checkpoint (0: prune to the root, retrieval only); a cap on "
-                           "the cost-aware split. Default: 8/60 24/60 40/60 with --speculative-graft-budget fixed, "
+                           "the cost-aware split. Default: 8/60 24/60 40/60 with --speculative-graft-budget-mode fixed, "
                            "no cap with cost."),
     "min_retrieval_slots": dict(type=int, help="Verify slots reserved for retrieval when no checkpoint fails."),
     "placement": dict(choices=PLACEMENTS, help="Graft retrieved chains under the root (published) or under "
@@ -151,7 +151,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
                           "alone), or each request alone (request). Learned from verify logits, a shared matrix "
                           "lets one request's proposals depend on another's content."),
     "auto_match_threshold": dict(type=int, help="auto source: suffix match length from which sam is used."),
-    "budget": dict(choices=BUDGET_MODES, help="cost: each step picks the verify budget (from --speculative-graft-"
+    "budget_mode": dict(choices=BUDGET_MODES, help="cost: each step picks the verify budget (from --speculative-graft-"
                    "budgets) with the most expected committed tokens per second, from costs measured on this device "
                    "and node acceptance calibrated online, and drafts deeper only while it pays; fixed: "
                    "--speculative-num-draft-tokens every step, every draft pass (reproducible comparisons)."),
@@ -209,8 +209,8 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
         choices = spec.get("choices")
         if choices is not None and getattr(cfg, name) not in choices:
             raise ValueError(f"{flag_name(name)} must be one of {', '.join(choices)}, got {getattr(cfg, name)!r}")
-    if cfg.budget == "cost" and cfg.placement != "root":
-        raise ValueError(f"{flag_name('placement')} {cfg.placement} needs {flag_name('budget')} fixed "
+    if cfg.budget_mode == "cost" and cfg.placement != "root":
+        raise ValueError(f"{flag_name('placement')} {cfg.placement} needs {flag_name('budget_mode')} fixed "
                          "(cost-aware steps retrieve under the root, before the draft)")
     if cfg.budgets and (min(cfg.budgets) < 1 or max(cfg.budgets) != num_nodes):
         raise ValueError(f"{flag_name('budgets')} must be >= 1 and end at --speculative-num-draft-tokens "

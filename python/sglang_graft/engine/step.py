@@ -13,7 +13,7 @@ The worker (``sglang_graft.sglang.worker``) adapts SGLang's objects to these cal
 4. :meth:`GraftStepper.feedback` -- after verify: which nodes were accepted (calibration) and
    what the step cost (cost model).
 
-``--speculative-graft-budget fixed`` keeps the earlier behaviour: every draft pass, ``N`` fixed,
+``--speculative-graft-budget-mode fixed`` keeps the earlier behaviour: every draft pass, ``N`` fixed,
 the published per-stage draft / retrieval split.
 
 Sync-free steps (``--speculative-graft-sync-free``) take the same decisions without reading the
@@ -59,9 +59,11 @@ class StepPlan:
     """What one decode step decided so far (per request where shaped ``[bs]``)."""
 
     rids: list
-    root: torch.Tensor  # [bs] int64
-    proposals: RetrievalProposals  # [bs, R], scores = calibrated values in cost mode
-    proposal_bins: torch.Tensor  # [bs, R] calibration bins of the proposed nodes
+    root_tokens: torch.Tensor  # [bs] int64: each request's last committed token
+    # [bs, R]; priority (graft's order): the value in cost mode, else the source's own priority
+    proposals: RetrievalProposals
+    proposal_bins: torch.Tensor  # [bs, R] int64 calibration bins of the proposed nodes
+    proposal_values: torch.Tensor  # [bs, R] float32 calibrated value of each (0: invalid)
     retrieval_confident: torch.Tensor  # [bs] bool: retrieval alone expects enough tokens
     scopes: Optional[torch.Tensor]
     exit_depth: torch.Tensor  # [bs] int64: deepest draft depth the request uses
@@ -128,7 +130,7 @@ class GraftStepper:
         self.topk = topk
         self.budgets = tuple(sorted(set(budgets)))
         self.max_nodes = self.budgets[-1]
-        self.cost_aware = cfg.budget == "cost"
+        self.cost_aware = cfg.budget_mode == "cost"
         self.device = device
         self.calibration = AcceptanceCalibration(device, sources=retrieval.sources)
         self.cost = StepCost(self.budgets)
@@ -159,27 +161,30 @@ class GraftStepper:
         return None
 
     # -- 1. before the draft ---------------------------------------------------------------------
-    def begin(self, rids: list, root: torch.Tensor, pending=None) -> StepPlan:
-        """``pending``: sync-free, each request's path committed since its store's context ends
+    def begin(self, rids: list, root_tokens: torch.Tensor, pending=None) -> StepPlan:
+        """Retrieval proposals under ``root_tokens [bs] int64``, valued: the step's plan.
+
+        ``pending``: sync-free, each request's path committed since its store's context ends
         (``([bs, W], [bs])``, see ``GraftRetrieval.propose_scored``)."""
         bs = len(rids)
         scopes = self.retrieval.scope_index(rids)
         with self.timer.phase("retrieval"):
-            proposals, bins = self.retrieval.propose_scored(rids, root, scopes, self.calibration,
+            proposals, bins = self.retrieval.propose_scored(rids, root_tokens, scopes, self.calibration,
                                                             union=self.cost_aware, pending=pending)
             values = self.calibration.probability(bins)
             values = torch.where(proposals.valid, path_values(values, proposals.parents), 0.0)
             if self.cost_aware:
-                proposals = RetrievalProposals(proposals.tokens, proposals.parents, values, proposals.valid)
+                proposals = RetrievalProposals(proposals.tokens, proposals.parents, values, proposals.valid)  # by value
             expected = expected_tokens(values, (self.max_nodes,))[:, 0] - 1.0
             confident = expected >= self.cfg.skip_draft_tokens if self.cost_aware else \
-                torch.zeros(bs, dtype=torch.bool, device=root.device)
+                torch.zeros(bs, dtype=torch.bool, device=root_tokens.device)
         explore_k = self.explore_index() if self.cost_aware else None
         explore = explore_k is not None
-        plan = StepPlan(rids=rids, root=root, proposals=proposals, proposal_bins=bins, retrieval_confident=confident,
+        plan = StepPlan(rids=rids, root_tokens=root_tokens, proposals=proposals, proposal_bins=bins,
+                        proposal_values=values, retrieval_confident=confident,
                         scopes=scopes, exit_depth=torch.full((bs,), self.num_steps - 1, dtype=torch.int64,
-                                                             device=root.device),
-                        stage=torch.full((bs,), len(self.checkpoints), dtype=torch.int64, device=root.device),
+                                                             device=root_tokens.device),
+                        stage=torch.full((bs,), len(self.checkpoints), dtype=torch.int64, device=root_tokens.device),
                         explore=explore, explore_k=explore_k)
         if self.sync_free:
             plan.planned_passes = self._planned_passes(explore)
@@ -283,17 +288,18 @@ class GraftStepper:
     def _union_values(self, plan: StepPlan, pool: DraftPool, draft_values: torch.Tensor) -> torch.Tensor:
         """``[bs, M + R]`` values of the draft nodes, then of the retrieved nodes the graft adds as
         new nodes (duplicates and nodes merged into a draft node count 0)."""
-        retrieved = plan.proposals.scores.clamp(min=0)
+        retrieved = plan.proposal_values
         if self.cfg.placement == "root":
             retrieved = new_retrieved_values(pool, draft_values, plan.proposals, retrieved)
         return torch.cat([draft_values, retrieved], dim=1)
 
     def build(self, plan: StepPlan, pool: DraftPool, seq_lens: torch.Tensor) -> GraftStep:
-        """Choose the budget and build the tree (prune -> graft -> flatten)."""
+        """Choose the budget ``N`` (``plan.num_nodes``) and build the tree (prune -> graft ->
+        flatten): ``pool [bs, M]``, ``seq_lens [bs]`` -> a :class:`GraftStep` of ``[bs, N]`` trees."""
         bs = len(plan.rids)
         if not self.cost_aware:
             plan.num_nodes = self.max_nodes
-            return build_graft_tree(pool, plan.root, plan.proposals, seq_lens, self.max_nodes,
+            return build_graft_tree(pool, plan.root_tokens, plan.proposals, seq_lens, self.max_nodes,
                                     self.prune[self.max_nodes], self.cfg.placement)
         draft_values = self._draft_values(plan, pool)
         union = self._union_values(plan, pool, draft_values)
@@ -313,7 +319,7 @@ class GraftStepper:
         top = max(0, min(n - 1, union.shape[1]))
         order = torch.topk(union, top, dim=1).indices if top else union[:, :0].long()
         num_keep = (order < m).sum(dim=1)
-        return build_graft_tree(pool, plan.root, plan.proposals, seq_lens, n, self.prune[n], self.cfg.placement,
+        return build_graft_tree(pool, plan.root_tokens, plan.proposals, seq_lens, n, self.prune[n], self.cfg.placement,
                                 num_keep=num_keep, depth_limit=plan.exit_depth)
 
     def _lagged_budget(self, bs: int, secs: Sequence[float]) -> int:
@@ -339,13 +345,14 @@ class GraftStepper:
         draft_bins = self.calibration.draft_bins(pool.scores)
         from_draft = draft_bins.gather(1, tree.draft_index.clamp(min=0))
         if plan.proposal_bins.shape[1]:
-            from_ret = plan.proposal_bins.gather(1, tree.retrieval_index.clamp(min=0))
+            from_ret = plan.proposal_bins.gather(1, tree.proposal_index.clamp(min=0))
         else:
             from_ret = torch.zeros_like(from_draft)
         return torch.where(tree.draft_index >= 0, from_draft, from_ret)
 
     def feedback(self, bins: torch.Tensor, linked: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Calibration: ``accepted [bs, N]`` nodes on the accepted path among the ``linked`` ones."""
+        """Calibration: ``accepted [bs, N] bool`` nodes on the accepted path among the ``linked
+        [bs, N] bool`` ones, whose calibration bins are ``bins [bs, N] int64``."""
         self.calibration.update(bins, linked, accepted & linked)
 
     def end_step(self, plan: Optional[StepPlan], bs: int) -> None:
@@ -370,7 +377,7 @@ class GraftStepper:
 
     def as_dict(self) -> dict:
         return {**self.stats.as_dict(), "step_time": self.timer.as_dict(), "cost_model": self.cost.as_dict(),
-                "budgets": list(self.budgets), "budget_mode": self.cfg.budget,
+                "budgets": list(self.budgets), "budget_mode": self.cfg.budget_mode,
                 "calibration": self.calibration.as_dict()}
 
 

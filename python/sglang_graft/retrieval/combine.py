@@ -72,7 +72,7 @@ class SourceCombiner:
         (out, out_bins) = parts[-1]
         for (p, b), use in zip(reversed(parts[:-1]), reversed(preferred)):
             out = RetrievalProposals(*(torch.where(use, x, y) for x, y in (
-                (p.tokens, out.tokens), (p.parents, out.parents), (p.scores, out.scores), (p.valid, out.valid))))
+                (p.tokens, out.tokens), (p.parents, out.parents), (p.priority, out.priority), (p.valid, out.valid))))
             out_bins = torch.where(use, b, out_bins)
         return out, out_bins
 
@@ -86,7 +86,7 @@ def _padded(proposal: SourceProposal, bins: torch.Tensor, width: int) -> tuple[R
     if pad:
         f = torch.nn.functional.pad
         out = RetrievalProposals(f(out.tokens, (0, pad)), f(out.parents, (0, pad), value=-1),
-                                 f(out.scores, (0, pad), value=float("-inf")), f(out.valid, (0, pad), value=False))
+                                 f(out.priority, (0, pad), value=float("-inf")), f(out.valid, (0, pad), value=False))
         bins = f(bins, (0, pad))
     return out, bins
 
@@ -98,6 +98,6 @@ def _side_by_side(parts: list[tuple[RetrievalProposals, torch.Tensor]]) -> tuple
         parents.append(torch.where(p.parents >= 0, p.parents + offset, p.parents) if offset else p.parents)
         offset += p.tokens.shape[1]
     cat = lambda xs: torch.cat(xs, dim=1)  # noqa: E731
-    out = RetrievalProposals(cat([p.tokens for p, _ in parts]), cat(parents), cat([p.scores for p, _ in parts]),
+    out = RetrievalProposals(cat([p.tokens for p, _ in parts]), cat(parents), cat([p.priority for p, _ in parts]),
                              cat([p.valid for p, _ in parts]))
     return out, cat([b for _, b in parts])

@@ -118,7 +118,7 @@ class RecycleSource(RetrievalSource):
 
     def bins(self, proposal: SourceProposal) -> torch.Tensor:
         depth = proposal.depth.expand_as(proposal.tokens)
-        return self.feature_bins(depth, -proposal.scores.clamp(min=-1e6))
+        return self.feature_bins(depth, -proposal.priority.clamp(min=-1e6))
 
     @classmethod
     def feature_bins(cls, depth: torch.Tensor, cumulative_rank: torch.Tensor) -> torch.Tensor:

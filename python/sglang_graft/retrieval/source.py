@@ -65,7 +65,7 @@ class SourceProposal:
 
     tokens: torch.Tensor
     parents: torch.Tensor
-    scores: torch.Tensor
+    priority: torch.Tensor
     valid: torch.Tensor
     depth: Optional[torch.Tensor] = None
     match_length: Optional[torch.Tensor] = None
@@ -76,7 +76,7 @@ class SourceProposal:
         return self.tokens.shape[1]
 
     def as_proposals(self) -> RetrievalProposals:
-        return RetrievalProposals(tokens=self.tokens, parents=self.parents, scores=self.scores, valid=self.valid)
+        return RetrievalProposals(tokens=self.tokens, parents=self.parents, priority=self.priority, valid=self.valid)
 
 
 @dataclass(frozen=True)

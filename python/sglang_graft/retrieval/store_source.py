@@ -112,7 +112,7 @@ class StoreSource(RetrievalSource):
         match = from_host([self.store.match_length(rid) for rid in rids], torch.int64, self.device)
         if pending is not None:
             rerooted, matched = reroot_proposals(RetrievalProposals(tok, par, sc, va), *pending, width)
-            tok, par, sc, va = rerooted.tokens, rerooted.parents, rerooted.scores, rerooted.valid
+            tok, par, sc, va = rerooted.tokens, rerooted.parents, rerooted.priority, rerooted.valid
             match = torch.where(matched, match + pending[1], 0)
         return SourceProposal(tok, par, sc, va, depth=node_depths(par), match_length=match)
 
@@ -128,7 +128,7 @@ class StoreSource(RetrievalSource):
         return (strength[:, None, None] * depth[None, :, None] * centers[None, None, :]).flatten()
 
     def bins(self, proposal: SourceProposal) -> torch.Tensor:
-        scores = torch.where(proposal.valid, proposal.scores, 1e-12)
+        scores = torch.where(proposal.valid, proposal.priority, 1e-12)
         return self.feature_bins(scores, proposal.match_length, proposal.depth)
 
     @classmethod

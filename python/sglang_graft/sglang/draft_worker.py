@@ -145,10 +145,10 @@ class GraftDraftWorker(EagleDraftWorker):
 
     def _begin(self, batch) -> StepPlan:
         rids = [r.rid for r in batch.reqs]
-        root = batch.spec_info.bonus_tokens.to(torch.int64)
-        self._prepare_retrieval(rids, root)
+        root_tokens = batch.spec_info.bonus_tokens.to(torch.int64)  # SGLang's name for the last committed tokens
+        self._prepare_retrieval(rids, root_tokens)
         ring = self.context.retrieval.ring
-        return self.context.stepper.begin(rids, root, ring.pending(batch.req_pool_indices) if ring is not None else None)
+        return self.context.stepper.begin(rids, root_tokens, ring.pending(batch.req_pool_indices) if ring is not None else None)
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
         """SGLang's draft extend; a chain draft's first-level probability then replaces the 1.0
@@ -207,9 +207,9 @@ class GraftDraftWorker(EagleDraftWorker):
             draft_token=layout.draft_token,
             custom_mask=None,  # written by verify, for the attention backend of this step's budget
             positions=layout.positions,
-            retrieve_index=layout.retrive_index,
-            retrieve_next_token=layout.retrive_next_token,
-            retrieve_next_sibling=layout.retrive_next_sibling,
+            retrieve_index=layout.flat_index,
+            retrieve_next_token=layout.first_child,
+            retrieve_next_sibling=layout.next_sibling,
             retrieve_cum_len=None,
             spec_steps=self.speculative_num_steps,
             topk=self.topk,
@@ -221,7 +221,7 @@ class GraftDraftWorker(EagleDraftWorker):
             graft_info=info,
         )
 
-    def _prepare_retrieval(self, rids: list, root: torch.Tensor) -> None:
+    def _prepare_retrieval(self, rids: list, root_tokens: torch.Tensor) -> None:
         """Every request was admitted at prefill; a request's first decode step adds the token its
         prefill sampled (the root) to its store (one host read, only on steps where requests join;
         sync-free steps re-root along it instead)."""
@@ -234,7 +234,7 @@ class GraftDraftWorker(EagleDraftWorker):
             return
         rows = retrieval.rows_needing_root(rids)
         if rows:
-            roots = root[from_host(rows, torch.int64, root.device)].tolist()
+            roots = root_tokens[from_host(rows, torch.int64, root_tokens.device)].tolist()
             retrieval.add_roots([rids[i] for i in rows], roots)
 
 

@@ -163,7 +163,9 @@ class GraftWorkerV2(EAGLEWorkerV2):
     def _use_budget(self, num_nodes: int) -> None:
         """Switch verify and draft extend to budget ``num_nodes`` (mirrors SGLang's
         ``apply_runtime_state`` for a state with the same draft depth; KV is reserved for the
-        largest budget, which SGLang's published configuration keeps)."""
+        largest budget, which SGLang's published configuration keeps). SGLang's own code reads the
+        installed budget from ``speculative_num_draft_tokens``; GRAFT reads a step's ``N`` from its
+        verify input (``draft_token_num``) and never from that field."""
         if num_nodes == self.speculative_num_draft_tokens:
             return
         state = self._budget_states[num_nodes]
@@ -254,7 +256,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 plan_stream=self.plan_stream,
                 plan_stream_ctx=self.plan_stream_ctx,
                 topk=max(self.topk, 2),  # always the generic tree commit (path compaction)
-                num_draft_tokens=self.speculative_num_draft_tokens,
+                num_draft_tokens=verify_input.draft_token_num,  # this step's N (SGLang's field is the installed budget)
                 device=self.device,
                 metadata_ready_pre_pad=False,
                 finalize_tree_path=True,

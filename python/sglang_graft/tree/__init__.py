@@ -11,12 +11,12 @@ Typical step (see :func:`build_graft_tree`)::
     from sglang_graft.tree.flatten import full_tree_mask
 
     pool = draft_pool_from_sglang(score_list, token_list, parents_list, topk, num_steps)
-    step = build_graft_tree(pool, bonus_tokens, proposals, seq_lens, num_nodes=N)
-    layout = step.layout      # draft_token, positions, ancestor_mask, retrive_* links
+    step = build_graft_tree(pool, root_tokens, proposals, seq_lens, num_nodes=N)
+    layout = step.layout      # draft_token, positions, ancestor_mask, first_child / next_sibling links
     mask = full_tree_mask(layout.ancestor_mask, seq_lens, seq_lens_sum)  # or QLEN-only
     predicts, accept_index, accept_num = verify_tree_sampling(
-        step.tree.tokens, layout.retrive_index, layout.retrive_next_token,
-        layout.retrive_next_sibling, target_probs_from_logits(logits, t, top_p, top_k))
+        step.tree.tokens, layout.flat_index, layout.first_child,
+        layout.next_sibling, target_probs_from_logits(logits, t, top_p, top_k))
 """
 
 from ._ops import from_host, node_depths, reduce_along_path

@@ -176,7 +176,7 @@ def sglang_draft_tree_layout(
     verified_seq_len: torch.Tensor,
     topk: int,
     depth: int,
-    draft_token_num: int,
+    num_nodes: int,
     tree_mask_mode: TreeMaskMode | int = TreeMaskMode.FULL_MASK,
     seq_lens_sum: Optional[int] = None,
 ) -> VerifyLayout:
@@ -184,14 +184,14 @@ def sglang_draft_tree_layout(
 
     Arguments follow the op (``parent_list``, ``selected_index = top_scores_index``,
     ``verified_seq_len = seq_lens``, ``topk``, ``depth = num_steps``,
-    ``draft_token_num = N``, ``tree_mask_mode``). ``tree_mask`` is the whole flat mask in
+    ``draft_token_num = num_nodes``, ``tree_mask_mode``). ``tree_mask`` is the whole flat mask in
     the requested mode; for FULL_MASK its prefix cells are True (SGLang fills them before
     launching the kernel) and ``seq_lens_sum`` is read from the device when not given.
     ``depth`` bounds the ancestor walk of the Triton kernel; for a valid draft no path is
     longer, so it is only checked, not used.
     """
-    if selected_index.shape[1] != draft_token_num - 1:
-        raise ValueError(f"selected_index must have {draft_token_num - 1} columns, got {selected_index.shape[1]}")
+    if selected_index.shape[1] != num_nodes - 1:
+        raise ValueError(f"selected_index must have {num_nodes - 1} columns, got {selected_index.shape[1]}")
     if parent_list.dim() == 2 and parent_list.shape[1] not in (0, topk * (depth - 1) + 1):
         raise ValueError(f"parent_list must have {topk * (depth - 1) + 1} columns, got {parent_list.shape[1]}")
     _, parents, linked = tree_from_sglang_selection(None, parent_list, selected_index, None, topk)
@@ -206,7 +206,7 @@ def build_tree_from_sglang_draft(
     top_scores_index: torch.Tensor,
     draft_tokens: torch.Tensor,
     seq_lens: torch.Tensor,
-    num_verify_tokens: int,
+    num_nodes: int,
     topk: int,
     depth: int,
     mask_mode: TreeMaskMode | int = TreeMaskMode.FULL_MASK,
@@ -220,7 +220,7 @@ def build_tree_from_sglang_draft(
         top_scores_index: ``[bs, N - 1]`` selected flat candidate indices, ascending.
         draft_tokens: ``[bs, N - 1]`` selected tokens.
         seq_lens: ``[bs]`` committed lengths.
-        num_verify_tokens: ``N``.
+        num_nodes: ``N`` (the op's ``num_verify_tokens``).
         topk: draft branching factor.
         depth: draft steps (``spec_steps``).
         mask_mode: ``TreeMaskMode`` of the returned mask.
@@ -228,18 +228,18 @@ def build_tree_from_sglang_draft(
             when omitted).
 
     Returns:
-        ``(tree_mask, positions [bs*N], retrive_index [bs, N], retrive_next_token [bs, N],
-        retrive_next_sibling [bs, N], draft_tokens [bs*N])`` in SGLang's order.
+        ``(tree_mask, positions [bs*N], flat_index [bs, N], first_child [bs, N],
+        next_sibling [bs, N], draft_tokens [bs*N])`` in SGLang's order.
     """
     layout = sglang_draft_tree_layout(
-        parent_list, top_scores_index, seq_lens, topk, depth, num_verify_tokens, mask_mode, seq_lens_sum
+        parent_list, top_scores_index, seq_lens, topk, depth, num_nodes, mask_mode, seq_lens_sum
     )
     flat_tokens = torch.cat((verified_id.unsqueeze(1), draft_tokens), dim=1).flatten()
     return (
         layout.tree_mask,
         layout.positions,
-        layout.retrive_index,
-        layout.retrive_next_token,
-        layout.retrive_next_sibling,
+        layout.flat_index,
+        layout.first_child,
+        layout.next_sibling,
         flat_tokens,
     )

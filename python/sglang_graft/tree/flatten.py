@@ -2,7 +2,7 @@
 
 The layout is exactly what SGLang's ``build_tree_kernel_efficient`` writes for an EAGLE
 draft: draft tokens root first, ``positions = seq_len + depth``, the ancestor-or-self mask
-(FULL, QLEN-only or bit-packed), ``retrive_index = b * N + i``, and child / sibling links in
+(FULL, QLEN-only or bit-packed), ``flat_index = b * N + i``, and child / sibling links in
 which every child list runs in ascending node index (the kernel walks nodes from last to
 first and prepends each to its parent's list). Nodes that are not ``linked`` (padding) keep
 their mask row (root + self) and position, but appear in no list, so no verification walk
@@ -60,10 +60,10 @@ def links_from_parents(parents: torch.Tensor, linked: torch.Tensor) -> tuple[tor
 
 
 def flatten(
-    tokens: Optional[torch.Tensor],
-    parents: torch.Tensor,
-    seq_lens: torch.Tensor,
-    linked: Optional[torch.Tensor] = None,
+    tokens: Optional[torch.Tensor],  # [bs, N] int64
+    parents: torch.Tensor,  # [bs, N] int64
+    seq_lens: torch.Tensor,  # [bs]
+    linked: Optional[torch.Tensor] = None,  # [bs, N] bool
 ) -> VerifyLayout:
     """Verify layout of a batch of ``N``-node trees: the ``tree_layout`` Triton kernel on CUDA
     (``N <= 64``), else :func:`flatten_torch`, its reference (same arguments and result, plus
@@ -78,9 +78,9 @@ def flatten(
         draft_token=None if tokens is None else tokens.to(torch.int64).reshape(-1),
         positions=out["positions"],
         ancestor_mask=out["ancestor_mask"],
-        retrive_index=out["retrive_index"],
-        retrive_next_token=out["retrive_next_token"],
-        retrive_next_sibling=out["retrive_next_sibling"],
+        flat_index=out["flat_index"],
+        first_child=out["first_child"],
+        next_sibling=out["next_sibling"],
         depth=out["depth"],
         max_depth=out["max_depth"],
         ancestor_bits=out["ancestor_bits"],
@@ -115,7 +115,7 @@ def flatten_torch(
     depth = ancestor.sum(dim=2) - 1
     positions = (seq_lens.to(torch.int64)[:, None] + depth).reshape(-1)
     next_token, next_sibling = links_from_parents(parents, linked)
-    retrive_index = (torch.arange(bs, device=device)[:, None] * n + torch.arange(n, device=device)).to(torch.int64)
+    flat_index = (torch.arange(bs, device=device)[:, None] * n + torch.arange(n, device=device)).to(torch.int64)
     # A node is reachable when every node on its path (root excluded) is linked.
     on_path_or_root = linked | (torch.arange(n, device=device) == 0)
     reachable = ~(ancestor & ~on_path_or_root[:, None, :]).any(dim=2)
@@ -124,9 +124,9 @@ def flatten_torch(
         draft_token=None if tokens is None else tokens.to(torch.int64).reshape(-1),
         positions=positions,
         ancestor_mask=ancestor,
-        retrive_index=retrive_index,
-        retrive_next_token=next_token,
-        retrive_next_sibling=next_sibling,
+        flat_index=flat_index,
+        first_child=next_token,
+        next_sibling=next_sibling,
         depth=depth,
         max_depth=max_depth,
     )
@@ -268,14 +268,14 @@ def tree_layout_from_mask(ancestor_mask: torch.Tensor, seq_lens: torch.Tensor) -
     later_sibling = (parent[:, :, None] == parent[:, None, :]) & (idx[None, :] > idx[:, None]).unsqueeze(0)
     next_sibling = torch.where(parent >= 0, first_true_index(later_sibling, dim=2), -1)
     positions = (seq_lens.to(torch.int64)[:, None] + depth).reshape(-1)
-    retrive_index = torch.arange(bs, device=device)[:, None] * n + idx
+    flat_index = torch.arange(bs, device=device)[:, None] * n + idx
     return VerifyLayout(
         draft_token=None,
         positions=positions,
         ancestor_mask=strict | torch.eye(n, dtype=torch.bool, device=device),
-        retrive_index=retrive_index,
-        retrive_next_token=next_token,
-        retrive_next_sibling=next_sibling,
+        flat_index=flat_index,
+        first_child=next_token,
+        next_sibling=next_sibling,
         depth=depth,
         max_depth=depth.amax(dim=1),
     )

@@ -1,4 +1,4 @@
-"""Graft retrieved trees into the budget freed by pruning (GRAFT's "graft" half).
+"""Graft retrieved trees into the verify slots pruning frees (GRAFT's "graft" half).
 
 Placement:
 
@@ -106,7 +106,7 @@ def _live_retrieved(proposals: RetrievalProposals) -> tuple[torch.Tensor, torch.
     r_par = proposals.parents.to(torch.int64)
     alive = reduce_along_path(proposals.valid, r_par, torch.logical_and, True)
     priority = reduce_along_path(
-        torch.nan_to_num(proposals.scores.float(), nan=float("-inf")), r_par, torch.minimum, float("inf")
+        torch.nan_to_num(proposals.priority.float(), nan=float("-inf")), r_par, torch.minimum, float("inf")
     )
     ar_r = torch.arange(r_tok.shape[1], device=r_tok.device)
     duplicate = (
@@ -151,9 +151,9 @@ def _merge_slots(proposals: RetrievalProposals, alive, tokens, parents, from_dra
     return torch.where(merge_target >= 0, merge_target + 1, -1)
 
 
-def _place_retrieved(proposals: RetrievalProposals, new, merged_slot, priority, budget, anchor_slot,
-                     tokens, parents, from_retrieval, retrieval_index):
-    """Write the ``budget [bs]`` highest-priority ``new [bs, R]`` retrieved nodes (ties by index)
+def _place_retrieved(proposals: RetrievalProposals, new, merged_slot, priority, free_slots, anchor_slot,
+                     tokens, parents, from_retrieval, proposal_index):
+    """Write the ``free_slots [bs]`` highest-priority ``new [bs, R]`` retrieved nodes (ties by index)
     to the slots after the draft, in proposal order; a placed node's parent is its retrieved
     parent's slot (new or merged, ``merged_slot [bs, R]``, -1 where not merged), or
     ``anchor_slot`` for a retrieved root. Returns which were placed and their slots (``[bs, R]``;
@@ -161,8 +161,8 @@ def _place_retrieved(proposals: RetrievalProposals, new, merged_slot, priority, 
     n = tokens.shape[1] - 1
     r_tok = proposals.tokens.to(torch.int64)
     r_par = proposals.parents.to(torch.int64)
-    num_draft = n - 1 - budget
-    include = new & (_rank_among(priority, new) < budget[:, None])
+    num_draft = n - 1 - free_slots
+    include = new & (_rank_among(priority, new) < free_slots[:, None])
     new_slot = 1 + num_draft[:, None] + torch.cumsum(include.to(torch.int64), dim=1) - 1
     if not r_tok.shape[1]:
         return include, new_slot
@@ -175,7 +175,7 @@ def _place_retrieved(proposals: RetrievalProposals, new, merged_slot, priority, 
     tokens.scatter_(1, dest, r_tok)
     parents.scatter_(1, dest, parent_of_new.clamp(min=0))
     from_retrieval.scatter_(1, dest, include)
-    retrieval_index.scatter_(1, dest, torch.arange(r_tok.shape[1], device=r_tok.device).expand_as(include))
+    proposal_index.scatter_(1, dest, torch.arange(r_tok.shape[1], device=r_tok.device).expand_as(include))
     return include, new_slot
 
 
@@ -219,7 +219,7 @@ def graft(
     from_draft = torch.zeros((bs, n + 1), dtype=torch.bool, device=device)
     from_retrieval = torch.zeros((bs, n + 1), dtype=torch.bool, device=device)
     draft_index = torch.full((bs, n + 1), -1, dtype=i64, device=device)
-    retrieval_index = torch.full((bs, n + 1), -1, dtype=i64, device=device)
+    proposal_index = torch.full((bs, n + 1), -1, dtype=i64, device=device)
     tokens[:, 0] = root_tokens.to(i64)
     parents[:, 0].fill_(-1)
 
@@ -241,14 +241,14 @@ def graft(
         merge_slot = torch.full(alive.shape, -1, dtype=i64, device=device)
     merged = alive & (merge_slot >= 0)
     merged_slot = torch.where(merged, merge_slot, -1)
-    include, retrieval_slot = _place_retrieved(proposals, alive & ~merged, merged_slot, priority, (n - 1) - num_draft,
-                                               anchor_slot, tokens, parents, from_retrieval, retrieval_index)
-    retrieval_slot = torch.where(include, retrieval_slot, merged_slot)
+    include, proposal_slot = _place_retrieved(proposals, alive & ~merged, merged_slot, priority, (n - 1) - num_draft,
+                                               anchor_slot, tokens, parents, from_retrieval, proposal_index)
+    proposal_slot = torch.where(include, proposal_slot, merged_slot)
     if proposals.tokens.shape[1]:
         ridx = torch.arange(proposals.tokens.shape[1], device=device).expand_as(merged)
         merged_dest = torch.where(merged, merge_slot, n)
         from_retrieval.scatter_(1, merged_dest, merged)
-        retrieval_index.scatter_(1, merged_dest, torch.where(merged, ridx, -1))
+        proposal_index.scatter_(1, merged_dest, torch.where(merged, ridx, -1))
 
     # Drop the dump column; contiguous so that pointer-based kernels can read the tensors.
     from_draft = from_draft[:, :n].contiguous()
@@ -260,8 +260,8 @@ def graft(
         from_draft=from_draft,
         from_retrieval=from_retrieval,
         draft_index=draft_index[:, :n].contiguous(),
-        retrieval_index=retrieval_index[:, :n].contiguous(),
-        retrieval_slot=retrieval_slot,
+        proposal_index=proposal_index[:, :n].contiguous(),
+        proposal_slot=proposal_slot,
         num_draft=num_draft,
         num_retrieved=include.sum(dim=1),
         num_merged=merged.sum(dim=1),

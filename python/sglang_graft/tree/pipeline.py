@@ -39,16 +39,16 @@ class GraftStep:
 
 
 def build_graft_tree(
-    pool: DraftPool,
-    root_tokens: torch.Tensor,
-    proposals: Union[RetrievalProposals, Proposer],
-    seq_lens: torch.Tensor,
-    num_nodes: int,
+    pool: DraftPool,  # [bs, M]
+    root_tokens: torch.Tensor,  # [bs] int64
+    proposals: Union[RetrievalProposals, Proposer],  # [bs, R]
+    seq_lens: torch.Tensor,  # [bs]
+    num_nodes: int,  # N
     config: PruneConfig = PruneConfig(),
     placement: Placement = "root",
     pad_token_id: int = 0,
-    num_keep: Optional[torch.Tensor] = None,
-    depth_limit: Optional[torch.Tensor] = None,
+    num_keep: Optional[torch.Tensor] = None,  # [bs] int64
+    depth_limit: Optional[torch.Tensor] = None,  # [bs] int64
 ) -> GraftStep:
     """Prune the draft, graft the proposals into the freed budget and flatten to SGLang's layout.
 
@@ -109,18 +109,18 @@ def _fused_step(kernels, pool: DraftPool, root_tokens, proposals: RetrievalPropo
     i64 = torch.int64
     o = kernels.graft_step(
         pool.tokens.to(i64), pool.parents.to(i64), pool.scores, pool.depths.to(i64), pool.num_steps,
-        root_tokens.to(i64), proposals.tokens.to(i64), proposals.parents.to(i64), proposals.scores,
+        root_tokens.to(i64), proposals.tokens.to(i64), proposals.parents.to(i64), proposals.priority,
         proposals.valid, seq_lens.to(i64), num_nodes, depths, thresholds, keep_table, pad_token_id,
         None if num_keep is None else num_keep.to(i64), None if depth_limit is None else depth_limit.to(i64))
     pruned = PrunedDraft(keep=o["keep"], stage=o["stage"], confidence=o["confidence"], num_kept=o["num_kept"])
     tree = GraftTree(tokens=o["tokens"], parents=o["parents"], linked=o["linked"], from_draft=o["from_draft"],
                      from_retrieval=o["from_retrieval"], draft_index=o["draft_index"],
-                     retrieval_index=o["retrieval_index"], retrieval_slot=o["retrieval_slot"],
+                     proposal_index=o["proposal_index"], proposal_slot=o["proposal_slot"],
                      num_draft=o["num_kept"], num_retrieved=o["num_retrieved"], num_merged=o["num_merged"],
                      anchor_slot=torch.zeros_like(o["num_kept"]))
     layout = VerifyLayout(draft_token=o["tokens"].reshape(-1), positions=o["positions"],
-                          ancestor_mask=o["ancestor_mask"], retrive_index=o["retrive_index"],
-                          retrive_next_token=o["retrive_next_token"], retrive_next_sibling=o["retrive_next_sibling"],
+                          ancestor_mask=o["ancestor_mask"], flat_index=o["flat_index"],
+                          first_child=o["first_child"], next_sibling=o["next_sibling"],
                           depth=o["depth"], max_depth=o["max_depth"], ancestor_bits=o["ancestor_bits"])
     return GraftStep(pruned=pruned, proposals=proposals, tree=tree, layout=layout)
 
@@ -149,7 +149,7 @@ def warm_up_graft_kernels(device, topk: int, num_steps: int, proposal_width: int
     proposals = RetrievalProposals(
         tokens=torch.zeros((1, proposal_width), dtype=torch.int64, device=device),
         parents=torch.full((1, proposal_width), -1, dtype=torch.int64, device=device),
-        scores=torch.zeros((1, proposal_width), dtype=torch.float32, device=device),
+        priority=torch.zeros((1, proposal_width), dtype=torch.float32, device=device),
         valid=torch.zeros((1, proposal_width), dtype=torch.bool, device=device))
     for depth in range(1, num_steps + 1):
         m = draft_pool_size(topk, depth)

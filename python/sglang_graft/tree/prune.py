@@ -109,11 +109,11 @@ def keep_best_draft_nodes(
 
 
 def prune_by_confidence(
-    pool: DraftPool,
+    pool: DraftPool,  # [bs, M]
     config: PruneConfig,
-    num_nodes: int,
-    num_keep: Optional[torch.Tensor] = None,
-    depth_limit: Optional[torch.Tensor] = None,
+    num_nodes: int,  # N
+    num_keep: Optional[torch.Tensor] = None,  # [bs] int64
+    depth_limit: Optional[torch.Tensor] = None,  # [bs] int64
 ) -> PrunedDraft:
     """Pick the pruning stage per request and keep that stage's best draft nodes.
 

@@ -43,7 +43,7 @@ def reroot_proposals(
 
     Args:
         proposals: ``[bs, R]`` tokens, parents (-1 = child of the old root, ``parents[j] < j``),
-            scores and valid.
+            priority and valid.
         path: ``[bs, W] int64`` committed tokens since the old root; entries at and beyond
             ``path_len`` are ignored.
         path_len: ``[bs] int64`` number of committed tokens, ``1 <= path_len <= W``. Values
@@ -53,7 +53,7 @@ def reroot_proposals(
 
     Returns:
         ``(rerooted, matched)``: :class:`RetrievalProposals` with ``[bs, width]`` tensors
-        (tokens and parents int64, scores of the input dtype, valid bool), and ``matched``
+        (tokens and parents int64, priority of the input dtype, valid bool), and ``matched``
         ``[bs] bool``: some valid node spells the whole path, i.e. the new root exists in the
         old tree, even when it has no kept children.
 
@@ -63,7 +63,7 @@ def reroot_proposals(
         parents = [-1, 0, 1, -1]
         path = [a], path_len = 1, width = 3
         -> tokens [b, c, 0], parents [-1, 0, -1], valid [True, True, False],
-           scores [s_b, s_c, -inf], matched True
+           priority [s_b, s_c, -inf], matched True
     """
     if width < 0:
         raise ValueError(f"width must be >= 0, got {width}")
@@ -76,7 +76,7 @@ def reroot_proposals(
     # Output buffers with a dump column ``width`` for nodes that are not kept or do not fit.
     out_tok = torch.zeros((bs, width + 1), dtype=i64, device=device)
     out_par = torch.full((bs, width + 1), -1, dtype=i64, device=device)
-    out_score = torch.full((bs, width + 1), float("-inf"), dtype=proposals.scores.dtype, device=device)
+    out_score = torch.full((bs, width + 1), float("-inf"), dtype=proposals.priority.dtype, device=device)
     out_valid = torch.zeros((bs, width + 1), dtype=torch.bool, device=device)
 
     length = path_len.to(i64).clamp(0, w)  # [bs]
@@ -107,13 +107,13 @@ def reroot_proposals(
         dest = torch.where(keep & (new_idx < width), new_idx, width)
         out_tok.scatter_(1, dest, tokens_in.to(i64))
         out_par.scatter_(1, dest, new_parent)
-        out_score.scatter_(1, dest, proposals.scores)
+        out_score.scatter_(1, dest, proposals.priority)
         out_valid.scatter_(1, dest, keep)
 
     rerooted = RetrievalProposals(
         tokens=out_tok[:, :width].contiguous(),
         parents=out_par[:, :width].contiguous(),
-        scores=out_score[:, :width].contiguous(),
+        priority=out_score[:, :width].contiguous(),
         valid=out_valid[:, :width].contiguous(),
     )
     return rerooted, matched

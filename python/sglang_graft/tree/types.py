@@ -1,4 +1,35 @@
-"""Data types of the GRAFT tree core.
+"""Data types of the GRAFT tree core, and the package's vocabulary.
+
+Glossary (one name per quantity in ``sglang_graft``; SGLang's names appear only in
+``sglang_graft.sglang``, where they are translated):
+
+* ``num_nodes`` (``N``): the verify budget, tree nodes per request *root included*. SGLang:
+  ``--speculative-num-draft-tokens``, ``speculative_num_draft_tokens``, ``draft_token_num``,
+  ``num_draft_tokens``, ``num_verify_tokens``. ``budgets``: the ``N`` a cost-aware step may choose.
+* ``slots``: the ``N - 1`` non-root positions (the paper's budget of 60 is 60 slots, ``N = 61``);
+  ``free_slots``: those pruning leaves to retrieval.
+* ``budget_mode``: how ``N`` is chosen, ``cost`` (per step) or ``fixed``
+  (``--speculative-graft-budget-mode``).
+* ``num_steps`` / ``topk``: draft levels and beams (SGLang: ``--speculative-num-steps`` /
+  ``--speculative-eagle-topk``); ``passes``: draft forward passes a step ran.
+* ``root_tokens`` ``[bs]``: each request's last committed token, node 0 of its tree (SGLang:
+  ``verified_id``, ``spec_info.bonus_tokens``).
+* ``pool`` (:class:`DraftPool`, ``[bs, M]``): every draft candidate; ``pool index``: a position
+  in it. Its ``scores`` are SGLang's cumulative draft path probabilities.
+* ``proposals`` (:class:`RetrievalProposals`, ``[bs, R]``): retrieved nodes; ``proposal index``:
+  a position in them. ``priority``: the order graft places them in. ``value``: a node's calibrated
+  probability of being accepted (the engine's acceptance calibration); the cost-aware step uses
+  the value as the priority.
+* ``slot`` / ``node``: a position ``0 .. N-1`` in one request's tree; ``flat_index``: the row
+  ``b * N + i`` of node ``i`` of request ``b`` in the batch's flat verify rows (SGLang:
+  ``retrive_index`` / ``retrieve_index``); ``first_child`` / ``next_sibling``: the links verify
+  walks (SGLang: ``retrive_next_token`` / ``retrive_next_sibling``).
+* ``bonus token``: the target's token after the last accepted node; it closes the step's
+  committed tokens and is the next step's root.
+* ``stage``: the pruning stage, the first confidence checkpoint that failed.
+
+``tree/draft.py`` reads SGLang's draft outputs (``score_list``, ``parent_list``,
+``top_scores_index``, ``verified_id``) under SGLang's names: it is where they enter the package.
 
 Every tensor here is batched: the first dimension is the batch (``bs``) and the shapes are
 fixed by configuration (draft ``topk``/``num_steps``, the node budget ``N``, the retrieval
@@ -12,7 +43,7 @@ Conventions shared by all modules:
 * *Draft depth* 0 is the first draft level, i.e. the children of the root (SGLang's first
   ``score_list`` entry); a node at draft depth ``d`` sits at tree depth ``d + 1``.
 * ``linked [bs, N] bool`` says whether a node is entered in its parent's child list
-  (``retrive_next_token`` / ``retrive_next_sibling``). Padding nodes are not linked, so the
+  (``first_child`` / ``next_sibling``). Padding nodes are not linked, so the
   verification walk can never reach, let alone accept, them.
 """
 
@@ -110,15 +141,15 @@ class RetrievalProposals:
         tokens: ``[bs, R] int64`` token ids.
         parents: ``[bs, R] int64`` index into the same ``R`` nodes, ``-1`` = child of the
             graft anchor (the root in the published placement); ``parents[j] < j``.
-        scores: ``[bs, R] float32`` priority of a node (higher is better). Only the order
-            matters; graft ranks a node by the minimum score on its path so that every
-            budget cut keeps whole root paths.
+        priority: ``[bs, R] float32`` the order graft places nodes in (higher first). Only the
+            order matters; graft ranks a node by the minimum priority on its path, so every
+            cut keeps whole root paths. The cost-aware step passes each node's value here.
         valid: ``[bs, R] bool``; invalid entries (and their descendants) are ignored.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
-    scores: torch.Tensor
+    priority: torch.Tensor
     valid: torch.Tensor
 
     @staticmethod
@@ -128,7 +159,7 @@ class RetrievalProposals:
         return RetrievalProposals(
             tokens=z,
             parents=z.clone(),
-            scores=torch.zeros((batch_size, 0), dtype=torch.float32, device=device),
+            priority=torch.zeros((batch_size, 0), dtype=torch.float32, device=device),
             valid=torch.zeros((batch_size, 0), dtype=torch.bool, device=device),
         )
 
@@ -173,11 +204,11 @@ class PruneConfig:
 
     def keep_table(self, num_nodes: int) -> Tuple[int, ...]:
         """Draft nodes kept per stage (length ``len(checkpoint_depths) + 1``) for budget ``N``."""
-        budget = num_nodes - 1
-        if budget < 0:
+        slots = num_nodes - 1
+        if slots < 0:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
-        table = tuple(self.keep_per_stage) + (max(budget - self.min_retrieval_slots, 0),)
-        return tuple(min(k, budget) for k in table)
+        table = tuple(self.keep_per_stage) + (max(slots - self.min_retrieval_slots, 0),)
+        return tuple(min(k, slots) for k in table)
 
 
 @dataclass
@@ -213,8 +244,8 @@ class GraftTree:
         from_retrieval: ``[bs, N] bool`` node was proposed by retrieval (a merged node is
             both draft and retrieval).
         draft_index: ``[bs, N] int64`` pool index of a draft node, else -1.
-        retrieval_index: ``[bs, N] int64`` proposal index of a retrieved node, else -1.
-        retrieval_slot: ``[bs, R] int64`` slot each proposal node ended up in (its own slot,
+        proposal_index: ``[bs, N] int64`` proposal index of a retrieved node, else -1.
+        proposal_slot: ``[bs, R] int64`` slot each proposal node ended up in (its own slot,
             or the slot it was merged into), -1 when dropped (budget, invalid, duplicate).
         num_draft: ``[bs] int64`` kept draft nodes.
         num_retrieved: ``[bs] int64`` new nodes added by retrieval.
@@ -228,8 +259,8 @@ class GraftTree:
     from_draft: torch.Tensor
     from_retrieval: torch.Tensor
     draft_index: torch.Tensor
-    retrieval_index: torch.Tensor
-    retrieval_slot: torch.Tensor
+    proposal_index: torch.Tensor
+    proposal_slot: torch.Tensor
     num_draft: torch.Tensor
     num_retrieved: torch.Tensor
     num_merged: torch.Tensor
@@ -246,9 +277,9 @@ class VerifyLayout:
         positions: ``[bs * N] int64`` ``seq_len + depth``.
         ancestor_mask: ``[bs, N, N] bool`` ``[b, i, j]`` = node ``j`` is an ancestor-or-self
             of node ``i``.
-        retrive_index: ``[bs, N] int64`` global row ``b * N + i``.
-        retrive_next_token: ``[bs, N] int64`` first linked child, -1 if none.
-        retrive_next_sibling: ``[bs, N] int64`` next linked sibling (ascending node index,
+        flat_index: ``[bs, N] int64`` global row ``b * N + i``.
+        first_child: ``[bs, N] int64`` first linked child, -1 if none.
+        next_sibling: ``[bs, N] int64`` next linked sibling (ascending node index,
             the order of SGLang's kernel), -1 if none.
         depth: ``[bs, N] int64`` tree depth (root 0).
         max_depth: ``[bs] int64`` deepest node reachable through the links; the verify
@@ -261,23 +292,10 @@ class VerifyLayout:
     draft_token: Optional[torch.Tensor]
     positions: torch.Tensor
     ancestor_mask: torch.Tensor
-    retrive_index: torch.Tensor
-    retrive_next_token: torch.Tensor
-    retrive_next_sibling: torch.Tensor
+    flat_index: torch.Tensor
+    first_child: torch.Tensor
+    next_sibling: torch.Tensor
     depth: torch.Tensor
     max_depth: torch.Tensor
     tree_mask: Optional[torch.Tensor] = None
     ancestor_bits: Optional[torch.Tensor] = None
-
-    # EagleVerifyInput spells these ``retrieve_*``; the kernels spell them ``retrive_*``.
-    @property
-    def retrieve_index(self) -> torch.Tensor:
-        return self.retrive_index
-
-    @property
-    def retrieve_next_token(self) -> torch.Tensor:
-        return self.retrive_next_token
-
-    @property
-    def retrieve_next_sibling(self) -> torch.Tensor:
-        return self.retrive_next_sibling

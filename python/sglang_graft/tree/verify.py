@@ -1,13 +1,13 @@
 """Reference tree verification on SGLang's verify layout, in batched torch.
 
-Both verifiers walk the tree from the root through ``retrive_next_token`` (first child) and
-``retrive_next_sibling`` exactly as SGLang's kernels do, and return SGLang's outputs:
+Both verifiers walk the tree from the root through ``first_child`` (first child) and
+``next_sibling`` exactly as SGLang's kernels do, and return SGLang's outputs:
 
 * ``predicts [bs * N] int32``: at each accepted node's row (and the root's) the token
   emitted after it: the next accepted draft token, and at the last accepted node the bonus
   (greedy: target argmax; sampling: a sample from the residual). Other rows are untouched
   (zero when allocated here).
-* ``accept_index [bs, W] int32``: rows (``retrive_index`` values) of the root and the
+* ``accept_index [bs, W] int32``: rows (``flat_index`` values) of the root and the
   accepted nodes, -1 after them. These are the verify-block KV slots to commit, in order.
 * ``accept_token_num [bs] int32``: accepted draft tokens (bonus not counted).
 
@@ -74,8 +74,8 @@ def _resolve_width(num_speculative_tokens: Optional[int], accept_index: Optional
 def _check_candidates(candidates: torch.Tensor) -> None:
     if candidates.dim() != 2:
         raise TypeError(
-            "candidates must be [bs, N]; the arguments are (candidates, retrive_index, "
-            "retrive_next_token, retrive_next_sibling, target...) and the output buffers are "
+            "candidates must be [bs, N]; the arguments are (candidates, flat_index, "
+            "first_child, next_sibling, target...) and the output buffers are "
             "keyword-only (predicts=, accept_index=, accept_token_num=)"
         )
 
@@ -83,11 +83,11 @@ def _check_candidates(candidates: torch.Tensor) -> None:
 class _Walk:
     """State of the batched tree walk shared by both verifiers."""
 
-    def __init__(self, candidates: torch.Tensor, retrive_index: torch.Tensor, width: int):
+    def __init__(self, candidates: torch.Tensor, flat_index: torch.Tensor, width: int):
         bs, n = candidates.shape
         device = candidates.device
         self.bs, self.n, self.width = bs, n, width
-        self.rows = retrive_index.to(torch.int64)
+        self.rows = flat_index.to(torch.int64)
         self.cur = torch.zeros(bs, dtype=torch.int64, device=device)
         self.last_row = self.rows[:, 0].clone()
         self.num = torch.zeros(bs, dtype=torch.int64, device=device)
@@ -152,11 +152,11 @@ class _Walk:
 
 
 def verify_tree_greedy(
-    candidates: torch.Tensor,
-    retrive_index: torch.Tensor,
-    retrive_next_token: torch.Tensor,
-    retrive_next_sibling: torch.Tensor,
-    target_predict: torch.Tensor,
+    candidates: torch.Tensor,  # [bs, N] node tokens
+    flat_index: torch.Tensor,  # [bs, N]
+    first_child: torch.Tensor,  # [bs, N]
+    next_sibling: torch.Tensor,  # [bs, N]
+    target_predict: torch.Tensor,  # [bs, N] the target's greedy token after each node
     num_speculative_tokens: Optional[int] = None,
     *,
     predicts: Optional[torch.Tensor] = None,
@@ -170,7 +170,7 @@ def verify_tree_greedy(
 
     Args:
         candidates: ``[bs, N] int64`` node tokens.
-        retrive_index, retrive_next_token, retrive_next_sibling: ``[bs, N]`` layout links.
+        flat_index, first_child, next_sibling: ``[bs, N]`` layout links.
         target_predict: ``[bs, N]`` (or ``[bs * N]``) target argmax per node row.
         num_speculative_tokens: ``W``, width of ``accept_index``; defaults to the width of
             the ``accept_index`` buffer, else ``N``.
@@ -182,11 +182,11 @@ def verify_tree_greedy(
     """
     _check_candidates(candidates)
     width = _resolve_width(num_speculative_tokens, accept_index, candidates.shape[1])
-    head, rank = sibling_list_order(retrive_next_sibling)
+    head, rank = sibling_list_order(next_sibling)
     target = target_predict.reshape(-1).to(torch.int64)
     cand = candidates.to(torch.int64)
-    next_token = retrive_next_token.to(torch.int64)
-    walk = _Walk(cand, retrive_index, width)
+    next_token = first_child.to(torch.int64)
+    walk = _Walk(cand, flat_index, width)
     n = walk.n
     for _ in range(1, width):
         target_here = target[walk.last_row]
@@ -201,18 +201,18 @@ def verify_tree_greedy_into(
     accept_index: torch.Tensor,
     accept_token_num: torch.Tensor,
     candidates: torch.Tensor,
-    retrive_index: torch.Tensor,
-    retrive_next_token: torch.Tensor,
-    retrive_next_sibling: torch.Tensor,
+    flat_index: torch.Tensor,
+    first_child: torch.Tensor,
+    next_sibling: torch.Tensor,
     target_predict: torch.Tensor,
 ) -> None:
     """:func:`verify_tree_greedy` with the argument order of SGLang's ``verify_tree_greedy``
     op (output buffers first), writing them in place; ``W`` is ``accept_index.shape[1]``."""
     verify_tree_greedy(
         candidates,
-        retrive_index,
-        retrive_next_token,
-        retrive_next_sibling,
+        flat_index,
+        first_child,
+        next_sibling,
         target_predict,
         predicts=predicts,
         accept_index=accept_index,
@@ -222,9 +222,9 @@ def verify_tree_greedy_into(
 
 def verify_tree_sampling(
     candidates: torch.Tensor,
-    retrive_index: torch.Tensor,
-    retrive_next_token: torch.Tensor,
-    retrive_next_sibling: torch.Tensor,
+    flat_index: torch.Tensor,
+    first_child: torch.Tensor,
+    next_sibling: torch.Tensor,
     target_probs: torch.Tensor,
     coins: Optional[torch.Tensor | torch.Generator] = None,
     final_coins: Optional[torch.Tensor] = None,
@@ -249,7 +249,7 @@ def verify_tree_sampling(
 
     Args:
         candidates: ``[bs, N] int64`` node tokens.
-        retrive_index, retrive_next_token, retrive_next_sibling: ``[bs, N]`` layout links.
+        flat_index, first_child, next_sibling: ``[bs, N]`` layout links.
         target_probs: ``[bs, N, V]`` target probabilities per node row (see
             :func:`target_probs_from_logits`).
         coins: ``[bs, N]`` uniforms in [0, 1), or a ``torch.Generator`` (or None) to draw
@@ -275,10 +275,10 @@ def verify_tree_sampling(
     width = _resolve_width(num_speculative_tokens, accept_index, n)
     probs = target_probs.reshape(bs, n, vocab)
     flat_probs = probs.reshape(bs, n * vocab)
-    head, rank = sibling_list_order(retrive_next_sibling)
+    head, rank = sibling_list_order(next_sibling)
     cand = candidates.to(torch.int64)
-    next_token = retrive_next_token.to(torch.int64)
-    walk = _Walk(cand, retrive_index, width)
+    next_token = first_child.to(torch.int64)
+    walk = _Walk(cand, flat_index, width)
     coin = coins[:, 0].to(probs.dtype)
     tried = torch.zeros((bs, n), dtype=torch.bool, device=device)
     for _ in range(1, width):
@@ -381,9 +381,9 @@ def verify_layout_greedy(
     """:func:`verify_tree_greedy` on a :class:`VerifyLayout`."""
     return verify_tree_greedy(
         candidates,
-        layout.retrive_index,
-        layout.retrive_next_token,
-        layout.retrive_next_sibling,
+        layout.flat_index,
+        layout.first_child,
+        layout.next_sibling,
         target_predict,
         num_speculative_tokens,
     )
