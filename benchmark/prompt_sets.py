@@ -5,10 +5,14 @@ Seven categories: ``mt_bench`` (MT-bench turn 1, all but math), ``code`` (HumanE
 (WritingBench English summarise / rewrite tasks), ``math`` (GSM-Symbolic, seeded) and ``translation``
 (Spanish Reina-Valera 1909 -> English, Debian's public-domain SWORD modules).
 
-Every set is split deterministically: ``bench`` takes the even positions, ``train`` the odd ones, so
-a draft trained on ``train`` never sees a benchmark prompt (summarization adds longer tasks to
-``bench`` only). Install the sources with
-``bash scripts/install_bench.sh``.
+Every set is split deterministically: ``train`` takes the odd positions (the committed EAGLE-3 head
+was trained on it), ``bench`` the even ones, so a draft trained on ``train`` never sees a benchmark
+prompt (summarization adds longer tasks to ``bench`` only). ``bench`` is halved in turn, alternately:
+``report`` (its 1st, 3rd, ... prompts; positions 0, 4, 8, ... of a set without repeats or additions)
+holds the prompts whose numbers are reported, ``tune`` (its 2nd, 4th, ...; positions 2, 6, 10, ...)
+the prompts on which defaults and thresholds are chosen. The three are pairwise disjoint; every
+category has at least 15 prompts in ``report`` and in ``tune`` (summarization, the smallest: 15 and
+15; its ``train`` has 6). Install the sources with ``bash scripts/install_bench.sh``.
 """
 
 from __future__ import annotations
@@ -114,20 +118,28 @@ _LOADERS = {"mt_bench": _mt_bench, "code": _code, "rag": _rag, "qa": _qa, "summa
 _BENCH_ONLY = {"summarization": _summarization_bench_only}
 
 
-def load(category: str, split: str = "bench", limit: int | None = None) -> list[str]:
-    """Prompts of one category; ``split`` is ``bench`` (even positions) or ``train`` (odd)."""
+SPLITS = ("report", "tune", "bench", "train")
+
+
+def load(category: str, split: str = "report", limit: int | None = None) -> list[str]:
+    """Prompts of one category; ``split`` is one of :data:`SPLITS`: ``report`` and ``tune`` alternate
+    over ``bench`` (the even positions, de-duplicated, summarization's longer tasks added), ``train``
+    holds the odd positions."""
     if category not in _LOADERS:
         raise SystemExit(f"unknown category {category!r}; choose from {', '.join(CATEGORIES)}")
-    if split not in ("bench", "train"):
-        raise ValueError(f"split must be bench or train, got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     every = _LOADERS[category]()
-    items = every[split == "train"::2]
-    if split == "bench":
-        items += _BENCH_ONLY[category]() if category in _BENCH_ONLY else []
+    if split == "train":
+        items = every[1::2]
+    else:
+        items = every[0::2] + (_BENCH_ONLY[category]() if category in _BENCH_ONLY else [])
         # some sets repeat a prompt (ChatRAG does): keep a benchmark prompt only once and never one
         # that is also in the train split
         seen = set(every[1::2])
         items = [p for p in items if not (p in seen or seen.add(p))]
+        if split != "bench":
+            items = items[split == "tune"::2]
     return items[:limit] if limit is not None else items
 
 
