@@ -9,10 +9,22 @@ prompt of every category at batch size 1, and reports per method x category:
   same run;
 * ``retrieval_share``: accepted draft-tree tokens proposed by retrieval only (GRAFT; None where the
   responses carry no per-request counts, i.e. ``--speculative-graft-sync-free on``);
-* ``draft_passes``: draft model forward passes per step (GRAFT: measured); ``verify_tokens``: tokens per
-  verify pass (GRAFT: the mean budget chosen); GRAFT methods add the step-time breakdown and the
-  histogram of verify budgets (``economy`` in the JSON);
+* ``draft_passes``: draft model forward passes per step; ``verify_tokens``: tokens per verify pass.
+  Measured per category wherever the server reports GRAFT's economy (every GRAFT method and
+  ``--variant``); otherwise the method's own flags, and None for ``EAGLE3-adaptive``, whose depth
+  SGLang chooses at run time. GRAFT methods add the step-time breakdown and the histogram of verify
+  budgets (``economy`` in the JSON), and the same economy per category (``economy_by_category``:
+  budget histogram, expected vs committed tokens per step, draft passes);
 * ``identical``: outputs token-identical to no speculation (asserted at T = 0 in float32).
+
+The baselines are those users pick: ``EAGLE3-tree`` (``--steps`` x ``--topk``, N verified),
+``EAGLE3-chain`` (3 steps, topk 1, 4 verified), ``EAGLE3-adaptive`` (SGLang's
+``--speculative-adaptive`` on that chain) and ``NGRAM``; ``EAGLE3-chain-long`` (N - 1 steps, N
+verified) is the chain the earlier tables of ``benchmark/RESULTS.md`` call ``EAGLE3-chain``.
+
+Prompts come from ``benchmark/prompt_sets.py``: ``--split report`` (default) is what RESULTS.md
+reports; choose defaults and thresholds on ``--split tune``. Both are disjoint from each other and
+from the ``train`` split the committed EAGLE-3 head was trained on.
 
 Writes ``--json``, a Markdown table and PNG plots next to it.
 
@@ -23,6 +35,8 @@ same, its speed ratios only indicative since two methods share the CPU.
 
     python benchmark/spec_bench.py                              # full run: SmolLM2 + committed head
     python benchmark/spec_bench.py --quick                      # 2 prompts/category, 64 tokens, 2 lanes
+    python benchmark/spec_bench.py --split tune --methods none,GRAFT \\
+        --variant 'GRAFT-deep=GRAFT-auto --speculative-num-steps 6'   # choosing a default
     python benchmark/spec_bench.py --model DIR --draft HEAD --prompts my.jsonl --methods none,GRAFT-sam
 """
 
@@ -34,6 +48,7 @@ import sys
 
 import requests
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,31 +66,68 @@ DEFAULT_HEAD = HERE / "models" / "smollm2-135m-eagle3"
 class Method:
     name: str
     args: tuple[str, ...]
-    draft_steps: int  # draft forward passes per step (0: no draft model)
+    draft_steps: int | None  # draft forward passes per step (0: no draft model; None: chosen at run time)
     needs_draft: bool = False
+    verify_tokens: int | None = 1  # tokens per verify pass, root included (None: chosen at run time)
+
+
+def _eagle(steps: int, topk: int, n: int) -> tuple[str, ...]:
+    return ("--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(n))
+
+
+CHAIN = _eagle(3, 1, 4)  # the chain users pick: 3 draft steps, 4 verified tokens
+# SGLang's adaptive speculation moves a chain's depth with the measured acceptance (candidate steps
+# 1 / 3 / 5 / 7 at batch 1, SGLang's default config). The decode graph is turned off because SGLang
+# builds the state of each depth with a verify graph whatever the device, and a CPU has none
+# (NotImplementedError in init_cuda_graph_state); a CPU server runs no decode graph anyway.
+ADAPTIVE = ("--speculative-adaptive", "--disable-decode-cuda-graph")
 
 
 def methods(steps: int, topk: int, n: int) -> dict[str, Method]:
-    eagle = ("--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
-             "--speculative-num-draft-tokens", str(n))
-    chain = ("--speculative-num-steps", str(n - 1), "--speculative-eagle-topk", "1",
-             "--speculative-num-draft-tokens", str(n))
+    eagle = _eagle(steps, topk, n)
     graft = ("--speculative-algorithm", "GRAFT", *eagle)
     return {m.name: m for m in [
         Method("none", (), 0),
-        Method("NGRAM", ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(n)), 0),
-        Method("EAGLE3-tree", ("--speculative-algorithm", "EAGLE3", *eagle), steps, True),
-        Method("EAGLE3-chain", ("--speculative-algorithm", "EAGLE3", *chain), n - 1, True),
-        Method("GRAFT-sam", (*graft, "--speculative-graft-source", "sam"), steps, True),
-        Method("GRAFT-recycle", (*graft, "--speculative-graft-source", "recycle"), steps, True),
-        Method("GRAFT-auto", (*graft, "--speculative-graft-source", "auto"), steps, True),
-        Method("GRAFT-prune-only", (*graft, "--speculative-graft-source", "none"), steps, True),
+        Method("NGRAM", ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(n)), 0,
+               verify_tokens=n),
+        Method("EAGLE3-tree", ("--speculative-algorithm", "EAGLE3", *eagle), steps, True, n),
+        Method("EAGLE3-chain", ("--speculative-algorithm", "EAGLE3", *CHAIN), 3, True, 4),
+        Method("EAGLE3-adaptive", ("--speculative-algorithm", "EAGLE3", *CHAIN, *ADAPTIVE), None, True, None),
+        # one chain as deep as the tree's verify budget: steps N-1, N tokens verified
+        Method("EAGLE3-chain-long", ("--speculative-algorithm", "EAGLE3", *_eagle(n - 1, 1, n)), n - 1, True, n),
+        Method("GRAFT-sam", (*graft, "--speculative-graft-source", "sam"), steps, True, n),
+        Method("GRAFT-recycle", (*graft, "--speculative-graft-source", "recycle"), steps, True, n),
+        Method("GRAFT-auto", (*graft, "--speculative-graft-source", "auto"), steps, True, n),
+        Method("GRAFT-prune-only", (*graft, "--speculative-graft-source", "none"), steps, True, n),
         # the previous behaviour: every draft pass, N every step, the published draft / retrieval split
         Method("GRAFT-fixed", (*graft, "--speculative-graft-source", "auto", "--speculative-graft-budget-mode", "fixed"),
-               steps, True),
+               steps, True, n),
         # what a user gets: only the algorithm and the head (steps 6, topk 4, N 16, cost-aware budget)
-        Method("GRAFT", ("--speculative-algorithm", "GRAFT"), 6, True),
+        Method("GRAFT", ("--speculative-algorithm", "GRAFT"), 6, True, 16),
     ]}
+
+
+def _flag(args, name: str) -> str | None:
+    """The value of the last ``name`` in ``args`` (the one SGLang keeps), or None."""
+    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == name]
+    return values[-1] if values else None
+
+
+def variant(table: dict[str, Method], spec: str) -> Method:
+    """``NAME=BASE ARGS``: method BASE with server ARGS added. Its nominal draft passes and verify
+    tokens follow its own flags (measured ones, from GRAFT's economy, replace them in the report)."""
+    name, _, rest = spec.partition("=")
+    base_name, *extra = rest.split()
+    if base_name not in table:
+        raise SystemExit(f"--variant {spec!r}: unknown base method {base_name!r}")
+    base = table[base_name]
+    steps, n = _flag(extra, "--speculative-num-steps"), _flag(extra, "--speculative-num-draft-tokens")
+    draft_steps = int(steps) if steps is not None and base.draft_steps else base.draft_steps
+    verify_tokens = int(n) if n is not None and base.verify_tokens != 1 else base.verify_tokens
+    if "--speculative-adaptive" in extra:
+        draft_steps = verify_tokens = None
+    return Method(name, (*base.args, *extra), draft_steps, base.needs_draft, verify_tokens)
 
 
 @dataclass
@@ -107,14 +159,18 @@ def server_args(method: Method, draft: Path | None, dtype: str) -> list[str]:
 
 
 def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prompts, max_new: int,
-               temperature: float, log_dir: Path) -> tuple[dict[str, Cell], dict | None]:
-    """Serve ``prompts`` one at a time; per-category cells and GRAFT's step economy (or None)."""
+               temperature: float, log_dir: Path) -> tuple[dict[str, Cell], dict | None, dict]:
+    """Serve ``prompts`` one at a time; per-category cells, GRAFT's step economy of the whole run (or
+    None) and its economy per category (the difference of the server's cumulative counters around
+    each prompt; empty without GRAFT)."""
     from local_server import SGLangServer
 
     args = server_args(method, draft, dtype)
     cells: dict[str, Cell] = {}
+    by_category: dict[str, Counter] = {}
     with SGLangServer(model, args, log_path=log_dir / f"{method.name}.log") as srv:
         srv.generate_ids(prompts[0][2][:8], 4)  # warm-up outside the measurement
+        before = _economy(srv)
         for category, _, ids in prompts:
             t0 = time.perf_counter()
             r = srv.generate_ids(ids, max_new, temperature=temperature, ignore_eos=False)
@@ -128,19 +184,65 @@ def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prom
             c.drafted += m.get("graft_draft_accepted", 0)
             c.counted += "graft_draft_accepted" in m  # absent with --speculative-graft-sync-free on
             c.outputs.append(r["output_ids"])
-        info = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0]
-    graft = info.get("graft")
-    return cells, (graft or {}).get("economy")
+            if before is not None:  # outside the timed request
+                after = _economy(srv)
+                by_category.setdefault(category, Counter()).update(_counters(after) - _counters(before))
+                before = after
+    economy = before
+    return cells, economy, {cat: _category_economy(counts) for cat, counts in by_category.items()}
 
 
-def main() -> None:
+def _economy(srv) -> dict | None:
+    """GRAFT's cumulative step economy from ``/server_info`` (None for other methods)."""
+    info = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0]
+    return (info.get("graft") or {}).get("economy")
+
+
+def _counters(eco: dict) -> Counter:
+    """The additive counters of a cumulative economy: steps, draft passes, steps per verify budget
+    (``N=k``), and the expected and committed tokens of the cost-aware steps whose outcome is known."""
+    check = eco.get("expected_vs_committed") or {}
+    checked = check.get("steps", 0)
+    return Counter({"steps": eco["steps"], "draft_passes": eco["draft_passes"],
+                    "skipped_drafts": eco["skipped_drafts"], "checked_steps": checked,
+                    "expected_tokens": check.get("expected_per_step", 0.0) * checked,
+                    "committed_tokens": check.get("committed_per_step", 0.0) * checked,
+                    **{f"N={k}": v for k, v in eco["budget_histogram"].items()}})
+
+
+def _category_economy(counts: Counter) -> dict:
+    """Counters summed over a category's prompts, in the shape of the server's economy (plus the
+    expected and committed token totals)."""
+    steps, checked = counts["steps"], counts["checked_steps"]
+    hist = sorted((int(k[2:]), v) for k, v in counts.items() if k.startswith("N=") and v)
+    committed = round(counts["committed_tokens"])  # an integer count, read back as mean x steps
+    return {"steps": steps, "draft_passes": counts["draft_passes"],
+            "mean_draft_passes": counts["draft_passes"] / steps if steps else 0.0,
+            "skipped_drafts": counts["skipped_drafts"],
+            "budget_histogram": {str(k): v for k, v in hist},
+            "expected_vs_committed": {
+                "steps": checked, "expected_tokens": round(counts["expected_tokens"], 3),
+                "committed_tokens": committed,
+                "expected_per_step": counts["expected_tokens"] / checked if checked else 0.0,
+                "committed_per_step": committed / checked if checked else 0.0}}
+
+
+DEFAULT_METHODS = ("none,NGRAM,EAGLE3-tree,EAGLE3-chain,EAGLE3-adaptive,GRAFT,GRAFT-sam,GRAFT-recycle,GRAFT-auto,"
+                   "GRAFT-prune-only,GRAFT-fixed")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, help="target HF dir (default: SmolLM2-135M-Instruct, built offline)")
     ap.add_argument("--draft", type=Path, default=DEFAULT_HEAD, help="EAGLE-3 head dir")
     ap.add_argument("--prompts", type=Path, help="JSONL with category and prompt fields (default: built-in sets)")
+    ap.add_argument("--split", default="report", choices=["tune", "report"],
+                    help="built-in prompts to serve: 'report' (default; what RESULTS.md reports) or 'tune' (where "
+                    "defaults and thresholds are chosen); disjoint from each other and from the draft head's "
+                    "'train' split (benchmark/prompt_sets.py); ignored with --prompts")
     ap.add_argument("--categories", default=",".join(prompt_sets.CATEGORIES))
-    ap.add_argument("--methods", default="none,NGRAM,EAGLE3-tree,EAGLE3-chain,GRAFT,GRAFT-sam,GRAFT-recycle,GRAFT-auto,"
-                    "GRAFT-prune-only,GRAFT-fixed")
+    ap.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated; also EAGLE3-chain-long (one "
+                    "chain N-1 steps deep, N verified)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE ARGS",
                     help="an extra method: BASE (a method name) with server ARGS added, e.g. "
                     "'recycle-shared=GRAFT-recycle --speculative-graft-recycle-scope shared'; repeatable")
@@ -158,7 +260,7 @@ def main() -> None:
     ap.add_argument("--lanes", type=int, help="servers measured at the same time (default 1; 2 with --quick: "
                     "fits 10 minutes on 2 cores, but then methods share the CPU and speed ratios are indicative)")
     ap.add_argument("--json", type=Path, default=HERE / "out" / "spec_bench.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.num_prompts is None:
         args.num_prompts = 2 if args.quick else 5
     if args.max_new_tokens is None:
@@ -167,23 +269,17 @@ def main() -> None:
         args.lanes = 2 if args.quick else 1
     if args.lanes < 1:
         sys.exit("--lanes must be >= 1")
+    return args
 
-    from transformers import AutoTokenizer
 
-    if args.model is None:
-        sys.path.insert(0, str(HERE / "models"))
-        import build_smollm2
-
-        args.model = build_smollm2.build(build_smollm2.default_dir(args.dtype), args.dtype)
+def choose_methods(args: argparse.Namespace) -> tuple[dict[str, Method], list[str]]:
+    """The method table (``--variant`` entries added) and the methods to run, ``none`` first."""
     table = methods(args.steps, args.topk, args.num_draft_tokens)
     for spec in args.variant:
-        name, _, rest = spec.partition("=")
-        base, *extra = rest.split()
-        if base not in table:
-            sys.exit(f"--variant {spec!r}: unknown base method {base!r}")
-        table[name] = Method(name, (*table[base].args, *extra), table[base].draft_steps, table[base].needs_draft)
-        if name not in args.methods.split(","):
-            args.methods += "," + name
+        m = variant(table, spec)
+        table[m.name] = m
+        if m.name not in args.methods.split(","):
+            args.methods += "," + m.name
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in table]
     if unknown:
@@ -192,17 +288,33 @@ def main() -> None:
         chosen.insert(0, "none")  # the baseline of speedup and identity
     if any(table[m].needs_draft for m in chosen) and not (args.draft / "config.json").exists():
         sys.exit(f"--draft {args.draft} has no config.json (train one with benchmark/train_eagle3.py)")
+    return table, chosen
 
-    tok = AutoTokenizer.from_pretrained(args.model)
+
+def load_prompts(args: argparse.Namespace, tokenizer) -> list[tuple[str, str, list[int]]]:
+    """``(category, prompt, ids)``, each category's prompts together."""
     if args.prompts:
-        rows = prompt_sets.load_jsonl(args.prompts)
         per_cat: dict[str, list[str]] = {}
-        for c, p in rows:
+        for c, p in prompt_sets.load_jsonl(args.prompts):
             per_cat.setdefault(c, []).append(p)
         rows = [(c, p) for c, ps in per_cat.items() for p in ps[: args.num_prompts]]
     else:
-        rows = [(c, p) for c in args.categories.split(",") for p in prompt_sets.load(c, "bench", args.num_prompts)]
-    prompts = [(c, p, _encode(tok, p)) for c, p in rows]
+        rows = [(c, p) for c in args.categories.split(",")
+                for p in prompt_sets.load(c, args.split, args.num_prompts)]
+    return [(c, p, _encode(tokenizer, p)) for c, p in rows]
+
+
+def main() -> None:
+    args = parse_args()
+    from transformers import AutoTokenizer
+
+    if args.model is None:
+        sys.path.insert(0, str(HERE / "models"))
+        import build_smollm2
+
+        args.model = build_smollm2.build(build_smollm2.default_dir(args.dtype), args.dtype)
+    table, chosen = choose_methods(args)
+    prompts = load_prompts(args, AutoTokenizer.from_pretrained(args.model))
 
     out_dir = args.json.parent
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -219,35 +331,14 @@ def main() -> None:
 
     with ThreadPoolExecutor(max_workers=args.lanes) as pool:  # each lane: one server, batch size 1
         runs = dict(zip(chosen, pool.map(measure, chosen)))
-    measured = {name: cells for name, (cells, _) in runs.items()}
-    economy = {name: eco for name, (_, eco) in runs.items() if eco}
-
-    base = measured["none"]
-    results = []
-    for name in chosen:
-        for cat, c in measured[name].items():
-            b = base[cat]
-            tps = c.tokens / c.seconds
-            identical = c.outputs == b.outputs
-            drafted = c.retrieved + c.drafted
-            results.append({
-                "method": name, "category": cat, "prompts": len(c.outputs),
-                "tau": c.tokens / c.verify_steps if name != "none" else 1.0,
-                "tok_per_s": tps, "speedup": tps / (b.tokens / b.seconds),
-                "retrieval_share": (c.retrieved / drafted if drafted else 0.0) if c.counted or name not in economy
-                else None,
-                # draft model forward passes per step: the draft extend plus the draft loop's passes
-                # (measured for GRAFT, whose loop stops early; configured for the others)
-                "draft_passes": (1 + economy[name]["mean_draft_passes"]) if name in economy
-                else table[name].draft_steps,
-                "verify_tokens": _mean_budget(economy[name]) if name in economy
-                else (1 if name == "none" else args.num_draft_tokens),
-                "identical": identical, "tokens": c.tokens,
-            })
-    report = {"results": results, "economy": economy,
+    measured = {name: cells for name, (cells, _, _) in runs.items()}
+    economy = {name: eco for name, (_, eco, _) in runs.items() if eco}
+    by_category = {name: cats for name, (_, eco, cats) in runs.items() if eco}
+    results = result_rows(chosen, measured, table, economy, by_category)
+    report = {"results": results, "economy": economy, "economy_by_category": by_category,
               "config": {k: _portable(v) for k, v in vars(args).items()}, "wall_s": round(time.time() - t_start, 1)}
     args.json.write_text(json.dumps(report, indent=2))
-    md = render_markdown(results) + render_economy(economy)
+    md = render_markdown(results) + render_economy(economy) + render_category_economy(by_category)
     args.json.with_suffix(".md").write_text(md)
     print(md)
     plot(results, args.json.with_suffix(".png"))
@@ -255,6 +346,34 @@ def main() -> None:
         bad = [(r["method"], r["category"]) for r in results if not r["identical"]]
         if bad:
             sys.exit(f"outputs differ from no speculation at T=0 in float32: {bad}")
+
+
+def result_rows(chosen: list[str], measured: dict, table: dict[str, Method], economy: dict,
+                by_category: dict) -> list[dict]:
+    """One row per method x category. Draft passes and verify tokens are measured where the server
+    reports GRAFT's economy (per category, the draft extend counted as one pass), nominal otherwise
+    (the method's own flags; None where SGLang chooses them at run time, i.e. adaptive speculation)."""
+    base = measured["none"]
+    results = []
+    for name in chosen:
+        for cat, c in measured[name].items():
+            b = base[cat]
+            tps = c.tokens / c.seconds
+            drafted = c.retrieved + c.drafted
+            eco = by_category.get(name, {}).get(cat) or {}
+            eco = eco if eco.get("steps") else economy.get(name)
+            results.append({
+                "method": name, "category": cat, "prompts": len(c.outputs),
+                "tau": c.tokens / c.verify_steps if name != "none" else 1.0,
+                "tok_per_s": tps, "speedup": tps / (b.tokens / b.seconds),
+                "retrieval_share": (c.retrieved / drafted if drafted else 0.0) if c.counted or name not in economy
+                else None,
+                "draft_passes": 1 + eco["mean_draft_passes"] if eco else table[name].draft_steps,
+                "verify_tokens": _mean_budget(eco) if eco else table[name].verify_tokens,
+                "measured_economy": bool(eco),
+                "identical": c.outputs == b.outputs, "tokens": c.tokens,
+            })
+    return results
 
 
 def _mean_budget(eco: dict) -> float:
@@ -284,13 +403,34 @@ def render_economy(economy: dict) -> str:
               "| method | " + " | ".join(f"N={b}" for b in budgets) + " | mean N | expected | committed |",
               "|---|" + "---|" * (len(budgets) + 3)]
     for name, eco in economy.items():
-        hist = {int(k): v for k, v in eco["budget_histogram"].items()}
-        steps = max(1, sum(hist.values()))
-        check = eco.get("expected_vs_committed") or {}
-        tokens = (f"{check['expected_per_step']:.2f} | {check['committed_per_step']:.2f}" if check.get("steps")
-                  else "- | -")
-        lines.append(f"| {name} | " + " | ".join(f"{hist.get(b, 0) / steps:.0%}" for b in budgets)
-                     + f" | {_mean_budget(eco):.1f} | {tokens} |")
+        lines.append(f"| {name} | {_budget_cells(eco, budgets)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _budget_cells(eco: dict, budgets: list[int]) -> str:
+    """Share of steps per verify budget, mean budget, expected and committed tokens per step."""
+    hist = {int(k): v for k, v in eco["budget_histogram"].items()}
+    steps = max(1, sum(hist.values()))
+    check = eco.get("expected_vs_committed") or {}
+    tokens = (f"{check['expected_per_step']:.2f} | {check['committed_per_step']:.2f}" if check.get("steps")
+              else "- | -")
+    return " | ".join(f"{hist.get(b, 0) / steps:.0%}" for b in budgets) + f" | {_mean_budget(eco):.1f} | {tokens}"
+
+
+def render_category_economy(by_category: dict) -> str:
+    """GRAFT's economy per category (``economy_by_category`` in the JSON)."""
+    rows = [(name, cat, eco) for name, cats in by_category.items() for cat, eco in sorted(cats.items())]
+    if not rows:
+        return ""
+    budgets = sorted({int(k) for _, _, eco in rows for k in eco["budget_histogram"]})
+    lines = ["", "Per category (the decode steps of its prompts): draft loop passes per step, verify budgets chosen "
+             "(share of steps), and the tokens per step the chosen budget expected against those committed:", "",
+             "| method | category | steps | draft loop passes / step | " + " | ".join(f"N={b}" for b in budgets)
+             + " | mean N | expected | committed |",
+             "|---|---|---|---|" + "---|" * (len(budgets) + 3)]
+    for name, cat, eco in rows:
+        lines.append(f"| {name} | {cat} | {eco['steps']} | {eco['mean_draft_passes']:.2f} | "
+                     f"{_budget_cells(eco, budgets)} |")
     return "\n".join(lines) + "\n"
 
 

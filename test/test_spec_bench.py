@@ -1,7 +1,8 @@
 """The benchmark harness end to end: every method served for real, outputs token-identical to no
-speculation at T = 0 in float32 (the script asserts it), tau >= 1, JSON keys. Once on the tiny
-fixtures (custom ``--prompts``, T = 1 too) and once in ``--quick`` mode on the real pair (SmolLM2-135M-
-Instruct + the committed EAGLE-3 head, seven built-in categories; needs ``scripts/install_bench.sh``)."""
+speculation at T = 0 in float32 (the script asserts it), tau >= 1, JSON keys, GRAFT's economy per
+category. Once on the tiny fixtures (custom ``--prompts``, T = 1 too, a ``--variant``) and once in
+``--quick`` mode on the real pair (SmolLM2-135M-Instruct + the committed EAGLE-3 head, seven built-in
+categories; needs ``scripts/install_bench.sh``)."""
 
 from __future__ import annotations
 
@@ -15,48 +16,81 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.server
-METHODS = {"none", "NGRAM", "EAGLE3-tree", "EAGLE3-chain", "GRAFT", "GRAFT-sam", "GRAFT-recycle", "GRAFT-auto",
-           "GRAFT-prune-only", "GRAFT-fixed"}
-GRAFT_METHODS = {m for m in METHODS if m.startswith("GRAFT")}
+METHODS = {"none", "NGRAM", "EAGLE3-tree", "EAGLE3-chain", "EAGLE3-adaptive", "EAGLE3-chain-long", "GRAFT",
+           "GRAFT-sam", "GRAFT-recycle", "GRAFT-auto", "GRAFT-prune-only", "GRAFT-fixed"}
 KEYS = ("method", "category", "tau", "tok_per_s", "speedup", "retrieval_share", "identical", "draft_passes",
         "verify_tokens")
 
 
-def _run_bench(args: list[str], out: Path, timeout: float, methods: set = METHODS) -> dict:
-    if methods != METHODS:
-        args = [*args, "--methods", ",".join(sorted(methods))]
+def _run_bench(args: list[str], out: Path, timeout: float, methods: set = METHODS,
+               variants: dict | None = None) -> dict:
+    """Run spec_bench on ``methods`` plus ``variants`` (name -> 'BASE ARGS'); GRAFT methods are those
+    named GRAFT*."""
+    variants = variants or {}
+    args = [*args, "--methods", ",".join(sorted(methods))]
+    for name, spec in variants.items():
+        args += ["--variant", f"{name}={spec}"]
     cmd = [sys.executable, str(ROOT / "benchmark" / "spec_bench.py"), *args, "--json", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert {r["method"] for r in report["results"]} == methods
+    served = methods | set(variants)
+    assert {r["method"] for r in report["results"]} == served
     for r in report["results"]:
         assert all(key in r for key in KEYS), r
         assert r["tau"] >= 1.0 and r["tok_per_s"] > 0
     md = out.with_suffix(".md").read_text()
     assert md.startswith("| method |") and "Step-time breakdown" in md and "Verify budgets chosen" in md
-    assert set(report["economy"]) == methods & GRAFT_METHODS
+    assert "Per category (the decode steps of its prompts)" in md
+    graft = {m for m in served if m.startswith("GRAFT")}
+    assert set(report["economy"]) == graft == set(report["economy_by_category"])
     for name, eco in report["economy"].items():
         assert eco["steps"] > 0 and sum(eco["budget_histogram"].values()) == eco["steps"], name
         assert set(eco["step_time"]["phase_ms_per_step"]) == {"draft", "retrieval", "tree", "verify",
                                                              "draft_extend", "other"}
+        _check_category_economy(report, name)
     assert out.with_suffix(".png").stat().st_size > 0
     return report
 
 
+def _check_category_economy(report: dict, name: str) -> None:
+    """Per category: its steps' budget histogram, expected vs committed tokens; the rows report them."""
+    cats = report["economy_by_category"][name]
+    rows = {r["category"]: r for r in report["results"] if r["method"] == name}
+    assert set(cats) == set(rows), name
+    # the categories' steps are the run's, less the warm-up request's
+    assert 0 < sum(e["steps"] for e in cats.values()) <= report["economy"][name]["steps"]
+    for cat, eco in cats.items():
+        hist = {int(k): v for k, v in eco["budget_histogram"].items()}
+        assert sum(hist.values()) == eco["steps"] > 0, (name, cat)
+        check = eco["expected_vs_committed"]
+        assert check["steps"] <= eco["steps"] and check["committed_tokens"] >= check["steps"], (name, cat)
+        row = rows[cat]
+        assert row["measured_economy"] is True
+        assert row["draft_passes"] == pytest.approx(1 + eco["mean_draft_passes"])
+        assert row["verify_tokens"] == pytest.approx(sum(k * v for k, v in hist.items()) / eco["steps"])
+
+
 def test_spec_bench_quick_on_tiny_models(tiny_models, tmp_path):
     args = ["--model", str(tiny_models["llama"]), "--draft", str(tiny_models["llama-eagle3"]),
-            "--prompts", str(ROOT / "benchmark/prompts/tiny_test_prompts.jsonl"), "--quick", "--max-new-tokens", "24",
+            "--prompts", str(ROOT / "benchmark/prompts/tiny_test_prompts.jsonl"), "--quick", "--max-new-tokens", "16",
             "--steps", "3", "--topk", "2", "--num-draft-tokens", "8"]
     report = _run_bench(args, tmp_path / "bench.json", 1800)
     assert all(r["identical"] is True for r in report["results"])
     assert {r["category"] for r in report["results"]} == {"repetitive", "other"}
+    nominal = {r["method"]: (r["draft_passes"], r["verify_tokens"]) for r in report["results"]}
+    assert nominal["EAGLE3-chain"] == (3, 4) and nominal["EAGLE3-chain-long"] == (7, 8)
+    assert nominal["EAGLE3-tree"] == (3, 8) and nominal["EAGLE3-adaptive"] == (None, None)
     # T = 1: sampled outputs are not compared, but the methods serve and report (each method's
-    # sampling path is checked statistically in test_graft_reliability)
+    # sampling path is checked statistically in test_graft_reliability); a GRAFT variant reports
+    # the draft passes and verify tokens it measured, not its base's
     report = _run_bench([*args, "--temperature", "1"], tmp_path / "bench_t1.json", 1800,
-                        methods={"none", "GRAFT"})
+                        methods={"none", "GRAFT"}, variants={"GRAFT-shallow": "GRAFT-sam --speculative-num-steps 2"})
     assert report["config"]["temperature"] == "1.0"
+    for r in report["results"]:
+        if r["method"] == "GRAFT-shallow":
+            assert r["measured_economy"] is True and r["draft_passes"] <= 2, r  # 1 extend + at most 1 loop pass
 
 
 QUICK_METHODS = {"none", "EAGLE3-tree", "GRAFT", "GRAFT-fixed"}
@@ -87,16 +121,20 @@ def test_spec_bench_quick_mode_smollm2(tmp_path):
         assert sum(taus) / len(taus) > 1.5, (method, taus)
 
 
-def test_prompt_sets_bench_and_train_are_disjoint():
-    """A draft trained on the ``train`` split never sees a benchmark prompt; the full run has 5 each."""
+def test_prompt_sets_report_tune_and_train_are_disjoint():
+    """A draft trained on ``train`` never sees a benchmark prompt, and defaults chosen on ``tune`` never
+    see a reported one; the full run has 5 of each per category."""
     sys.path.insert(0, str(ROOT / "benchmark"))
     import prompt_sets
 
     for category in prompt_sets.CATEGORIES:
-        bench, train = prompt_sets.load(category, "bench"), prompt_sets.load(category, "train")
-        assert len(bench) >= 5 and len(train) >= 5, category
-        assert not set(bench) & set(train), category
-        assert prompt_sets.load(category, "bench", 2) == bench[:2]
+        split = {s: prompt_sets.load(category, s) for s in ("report", "tune", "train", "bench")}
+        report, tune, train = (set(split[s]) for s in ("report", "tune", "train"))
+        assert all(len(split[s]) >= 5 for s in split), category
+        assert not report & tune and not report & train and not tune & train, category
+        assert report | tune == set(split["bench"]), category
+        assert prompt_sets.load(category, "report", 2) == split["report"][:2]
+        assert prompt_sets.load(category) == split["report"]
 
 
 def test_a_variant_may_name_its_own_draft_head():
@@ -113,3 +151,47 @@ def test_a_variant_may_name_its_own_draft_head():
     assert args.count("--speculative-draft-model-path") == 1
     assert args[args.index("--speculative-draft-model-path") + 1] == "old-head"
     assert spec_bench.server_args(table["none"], Path("new-head"), "float32") == ["--dtype", "float32"]
+
+
+def test_a_variant_reports_its_own_nominal_shape():
+    """Without GRAFT's measured economy a variant reports the draft passes and verify tokens of its own
+    flags, not its base's; SGLang's adaptive speculation chooses them at run time (None)."""
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import spec_bench
+
+    table = spec_bench.methods(4, 4, 16)
+    assert (table["EAGLE3-chain"].draft_steps, table["EAGLE3-chain"].verify_tokens) == (3, 4)
+    assert (table["EAGLE3-chain-long"].draft_steps, table["EAGLE3-chain-long"].verify_tokens) == (15, 16)
+    assert "--speculative-adaptive" in table["EAGLE3-adaptive"].args
+    chain = table["EAGLE3-chain"].args
+    assert table["EAGLE3-adaptive"].args[:len(chain)] == chain
+    v = spec_bench.variant(table, "tree-small=EAGLE3-tree --speculative-num-steps 2 --speculative-num-draft-tokens 6")
+    assert (v.draft_steps, v.verify_tokens, v.needs_draft) == (2, 6, True)
+    assert v.args[-4:] == ("--speculative-num-steps", "2", "--speculative-num-draft-tokens", "6")
+    v = spec_bench.variant(table, "chain-adaptive=EAGLE3-chain --speculative-adaptive")
+    assert (v.draft_steps, v.verify_tokens) == (None, None)
+    v = spec_bench.variant(table, "ngram-8=NGRAM --speculative-num-draft-tokens 8")
+    assert (v.draft_steps, v.verify_tokens) == (0, 8)
+    with pytest.raises(SystemExit):
+        spec_bench.variant(table, "x=NOPE --foo")
+
+
+def test_economy_by_category_is_the_difference_of_snapshots():
+    """A category's economy: the server's cumulative counters after its prompts less those before."""
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import spec_bench
+
+    def snapshot(steps, passes, hist, checked, expected, committed):
+        return {"steps": steps, "draft_passes": passes, "skipped_drafts": 0, "budget_histogram": hist,
+                "expected_vs_committed": {"steps": checked, "expected_per_step": expected / checked if checked else 0.0,
+                                          "committed_per_step": committed / checked if checked else 0.0}}
+
+    before = snapshot(10, 4, {"1": 6, "4": 4}, 8, 12.0, 11)
+    after = snapshot(25, 10, {"1": 6, "4": 10, "8": 9}, 20, 42.0, 37)
+    eco = spec_bench._category_economy(spec_bench._counters(after) - spec_bench._counters(before))
+    assert eco["steps"] == 15 and eco["draft_passes"] == 6 and eco["mean_draft_passes"] == pytest.approx(0.4)
+    assert eco["budget_histogram"] == {"4": 6, "8": 9}
+    check = eco["expected_vs_committed"]
+    assert check["steps"] == 12 and check["committed_tokens"] == 26
+    assert check["expected_tokens"] == pytest.approx(30.0) and check["expected_per_step"] == pytest.approx(2.5)
+    assert spec_bench._mean_budget(eco) == pytest.approx((4 * 6 + 8 * 9) / 15)
