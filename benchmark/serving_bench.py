@@ -1,14 +1,20 @@
 """Throughput under load: ``python -m sglang.bench_serving`` against real servers, fully offline.
 
 Builds a ``custom`` dataset (JSONL of conversations) from the benchmark prompts of
-``prompt_sets.py`` (the ``bench`` split, every category), starts one server per method on
-127.0.0.1 (SmolLM2-135M-Instruct in float32 by default), and runs SGLang's own load generator at
-each concurrency with a fixed output length. Writes JSON, Markdown and a PNG of output throughput
-per method and concurrency, and the ratio to no speculation.
+``prompt_sets.py`` (``--split report`` by default, every category; or ``--prompts``), starts one
+server per method on 127.0.0.1 (SmolLM2-135M-Instruct in float32 by default), and runs SGLang's own
+load generator at each concurrency. Output lengths are ``fixed`` (every request generates exactly
+``--output-len`` tokens, EOS ignored) or ``variable`` (``--output-len-mode variable``: each request
+ends at the model's end of text, at most ``--output-len`` tokens; bench_serving's random output
+lengths exist only for its random-token datasets). Writes JSON, Markdown and a PNG of output
+throughput per method and concurrency, and the ratio to no speculation.
 
-    python benchmark/serving_bench.py                      # none, EAGLE3-tree, GRAFT at 1 / 8 / 16
-    python benchmark/serving_bench.py --concurrency 1 4 --methods none,GRAFT --output-len 64
+    python benchmark/serving_bench.py                      # none, EAGLE3-adaptive, GRAFT at 1 / 8 / 16 / 32
+    python benchmark/serving_bench.py --output-len-mode variable
+    python benchmark/serving_bench.py --concurrency 1 4 --prompts-per-level 8 16 --methods none,GRAFT --output-len 64
 
+``EAGLE3-adaptive`` is SGLang's ``--speculative-adaptive`` on the usual 3-step chain (its depth
+follows acceptance and batch size); ``EAGLE3-chain`` and ``EAGLE3-tree`` are the static ones.
 GRAFT methods add their step economy after each level (step-time breakdown, draft passes, budgets
 chosen; cumulative since the server started) to the JSON and the Markdown.
 
@@ -36,7 +42,7 @@ import prompt_sets  # noqa: E402
 import requests  # noqa: E402
 from plotting import pyplot  # noqa: E402
 from local_server import SERVER_ENV, SGLangServer  # noqa: E402
-from spec_bench import render_economy  # noqa: E402
+from spec_bench import ADAPTIVE, CHAIN, render_economy  # noqa: E402
 
 DEFAULT_HEAD = HERE / "models" / "smollm2-135m-eagle3"
 METHODS = {
@@ -45,6 +51,9 @@ METHODS = {
     "none-no-overlap": ["--disable-overlap-schedule"],
     "EAGLE3-tree": ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "4", "--speculative-eagle-topk",
                     "4", "--speculative-num-draft-tokens", "16"],
+    "EAGLE3-chain": ["--speculative-algorithm", "EAGLE3", *CHAIN],
+    # SGLang's own adaptive speculation (candidate depths per batch size: SGLang's default config)
+    "EAGLE3-adaptive": ["--speculative-algorithm", "EAGLE3", *CHAIN, *ADAPTIVE],
     "GRAFT": ["--speculative-algorithm", "GRAFT"],  # the defaults a user gets
     "GRAFT-fixed": ["--speculative-algorithm", "GRAFT", "--speculative-graft-budget-mode", "fixed"],
     # the CUDA default (no host read in the step), served on this CPU
@@ -52,9 +61,15 @@ METHODS = {
 }
 
 
-def write_dataset(path: Path, per_category: int) -> int:
-    """The bench prompts as bench_serving's ``custom`` JSONL; returns the number of rows."""
-    rows = [(c, p) for c in prompt_sets.CATEGORIES for p in prompt_sets.load(c, "bench", per_category)]
+def write_dataset(path: Path, per_category: int, split: str = "report", prompts: Path | None = None) -> int:
+    """The benchmark prompts as bench_serving's ``custom`` JSONL; returns the number of rows."""
+    if prompts is not None:
+        per_cat: dict[str, list[str]] = {}
+        for c, p in prompt_sets.load_jsonl(prompts):
+            per_cat.setdefault(c, []).append(p)
+        rows = [(c, p) for c, ps in per_cat.items() for p in ps[:per_category]]
+    else:
+        rows = [(c, p) for c in prompt_sets.CATEGORIES for p in prompt_sets.load(c, split, per_category)]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for _, prompt in rows:
@@ -64,6 +79,7 @@ def write_dataset(path: Path, per_category: int) -> int:
 
 def run_load(url: str, model: Path, dataset: Path, concurrency: int, num_prompts: int, output_len: int,
              out_file: Path, natural_eos: bool = False) -> dict:
+    """One level of load; ``natural_eos``: requests end at EOS (at most ``output_len`` tokens)."""
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
            "--tokenizer", str(model), "--dataset-name", "custom", "--dataset-path", str(dataset),
            "--apply-chat-template", "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
@@ -77,25 +93,70 @@ def run_load(url: str, model: Path, dataset: Path, concurrency: int, num_prompts
     return json.loads(line)
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, help="target HF dir (default: SmolLM2-135M-Instruct, built offline)")
     ap.add_argument("--draft", type=Path, default=DEFAULT_HEAD)
-    ap.add_argument("--methods", default="none,EAGLE3-tree,GRAFT")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
-    ap.add_argument("--prompts-per-level", type=int, nargs="+", default=[8, 16, 32],
+    ap.add_argument("--methods", default="none,EAGLE3-adaptive,GRAFT", help=f"comma-separated, of {', '.join(METHODS)}")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
+    ap.add_argument("--prompts-per-level", type=int, nargs="+", default=[8, 16, 32, 64],
                     help="requests sent at each concurrency (one value per --concurrency)")
+    ap.add_argument("--split", default="report", choices=["tune", "report"],
+                    help="built-in prompts (benchmark/prompt_sets.py): 'report' (default) or 'tune'")
+    ap.add_argument("--prompts", type=Path, help="JSONL with category and prompt fields instead of the built-in sets")
+    ap.add_argument("--prompts-per-category", type=int, default=10, help="dataset rows per category")
     ap.add_argument("--output-len", type=int, default=128,
-                    help="tokens per request (with --natural-eos: at most this many)")
-    ap.add_argument("--natural-eos", action="store_true",
-                    help="requests end at the model's end of text (variable lengths) instead of exactly --output-len")
+                    help="tokens per request (variable lengths: at most this many)")
+    ap.add_argument("--output-len-mode", choices=["fixed", "variable"], default="fixed",
+                    help="fixed: exactly --output-len tokens per request (EOS ignored); variable: each request "
+                    "ends at the model's end of text")
+    ap.add_argument("--natural-eos", action="store_true", help="the same as --output-len-mode variable")
     ap.add_argument("--max-total-tokens", type=int, default=None,
                     help="KV pool of every server, in tokens (default: the test servers' 8192; the longest "
                          "benchmark prompts are ~3.7k tokens, so at concurrency 8+ the pool limits admission)")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "serving")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if len(args.prompts_per_level) != len(args.concurrency):
         sys.exit("--prompts-per-level needs one value per --concurrency")
+    if args.natural_eos:
+        args.output_len_mode = "variable"
+    unknown = [m for m in args.methods.split(",") if m.strip() and m.strip() not in METHODS]
+    if unknown:
+        sys.exit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    return args
+
+
+def measure(name: str, args: argparse.Namespace, dataset: Path) -> tuple[list[dict], dict]:
+    """Every concurrency level on one server: result rows and GRAFT's economy after each level."""
+    extra = list(METHODS[name])
+    if "--speculative-algorithm" in extra:
+        extra += ["--speculative-draft-model-path", str(args.draft)]
+    extra += ["--max-running-requests", str(max(args.concurrency))]
+    if args.max_total_tokens:  # after the CPU defaults: the last value counts
+        extra += ["--max-total-tokens", str(args.max_total_tokens)]
+    variable = args.output_len_mode == "variable"
+    results, economy = [], {}
+    with SGLangServer(args.model, extra, log_path=args.out / f"{name}.log") as srv:
+        srv.generate_ids([1, 2, 3, 4], 8)  # warm-up
+        for conc, n in zip(args.concurrency, args.prompts_per_level):
+            r = run_load(srv.url, args.model, dataset, conc, n, args.output_len, args.out / f"{name}-c{conc}.jsonl",
+                         variable)
+            results.append({"method": name, "concurrency": conc, "num_prompts": n,
+                            "output_len_mode": args.output_len_mode, "mean_ttft_ms": r.get("mean_ttft_ms"),
+                            "mean_tpot_ms": r.get("mean_tpot_ms"), "total_output_tokens": r.get("total_output_tokens"),
+                            "output_throughput": r["output_throughput"],
+                            "request_throughput": r.get("request_throughput"),
+                            "median_itl_ms": r.get("median_itl_ms"), "median_ttft_ms": r.get("median_ttft_ms"),
+                            "accept_length": r.get("accept_length")})
+            print(f"[serving_bench] {name} c={conc}: {r['output_throughput']:.1f} output tok/s", flush=True)
+            graft = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0].get("graft")
+            if graft:
+                economy[f"{name} c={conc}"] = graft["economy"]
+    return results, economy
+
+
+def main() -> None:
+    args = parse_args()
     if args.model is None:
         sys.path.insert(0, str(HERE / "models"))
         import build_smollm2
@@ -103,42 +164,22 @@ def main() -> None:
         args.model = build_smollm2.build(build_smollm2.default_dir("float32"), "float32")
     args.out.mkdir(parents=True, exist_ok=True)
     dataset = args.out / "prompts.jsonl"
-    n_rows = write_dataset(dataset, 5)
+    n_rows = write_dataset(dataset, args.prompts_per_category, args.split, args.prompts)
     if max(args.prompts_per_level) > n_rows:  # bench_serving would cap it silently
         print(f"[serving_bench] the dataset has {n_rows} prompts: --prompts-per-level capped to {n_rows}")
         args.prompts_per_level = [min(n, n_rows) for n in args.prompts_per_level]
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    results = []
-    economy = {}  # GRAFT's step economy after each level (cumulative since the server started)
+    results, economy = [], {}  # economy: GRAFT's after each level (cumulative since the server started)
     t_start = time.time()
-    for name in methods:
-        extra = list(METHODS[name])
-        if "--speculative-algorithm" in extra:
-            extra += ["--speculative-draft-model-path", str(args.draft)]
-        extra += ["--max-running-requests", str(max(args.concurrency))]
-        if args.max_total_tokens:  # after the CPU defaults: the last value counts
-            extra += ["--max-total-tokens", str(args.max_total_tokens)]
-        with SGLangServer(args.model, extra, log_path=args.out / f"{name}.log") as srv:
-            srv.generate_ids([1, 2, 3, 4], 8)  # warm-up
-            for conc, n in zip(args.concurrency, args.prompts_per_level):
-                r = run_load(srv.url, args.model, dataset, conc, n, args.output_len, args.out / f"{name}-c{conc}.jsonl",
-                             args.natural_eos)
-                results.append({"method": name, "concurrency": conc, "num_prompts": n,
-                                "natural_eos": args.natural_eos, "mean_ttft_ms": r.get("mean_ttft_ms"),
-                                "mean_tpot_ms": r.get("mean_tpot_ms"), "total_output_tokens": r.get("total_output_tokens"),
-                                "output_throughput": r["output_throughput"],
-                                "request_throughput": r.get("request_throughput"),
-                                "median_itl_ms": r.get("median_itl_ms"), "median_ttft_ms": r.get("median_ttft_ms"),
-                                "accept_length": r.get("accept_length")})
-                print(f"[serving_bench] {name} c={conc}: {r['output_throughput']:.1f} output tok/s", flush=True)
-                graft = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0].get("graft")
-                if graft:
-                    economy[f"{name} c={conc}"] = graft["economy"]
+    for name in [m.strip() for m in args.methods.split(",") if m.strip()]:
+        rows, eco = measure(name, args, dataset)
+        results += rows
+        economy.update(eco)
     base = {r["concurrency"]: r["output_throughput"] for r in results if r["method"] == "none"}
     for r in results:
         r["vs_none"] = r["output_throughput"] / base[r["concurrency"]] if r["concurrency"] in base else None
     report = {"results": results, "economy": economy, "dataset_rows": n_rows, "output_len": args.output_len,
-              "max_total_tokens": args.max_total_tokens or 8192,
+              "output_len_mode": args.output_len_mode,
+              "split": None if args.prompts else args.split, "max_total_tokens": args.max_total_tokens or 8192,
               "wall_s": round(time.time() - t_start, 1)}
     (args.out / "serving_bench.json").write_text(json.dumps(report, indent=2))
     md = render(results) + render_economy(economy).replace(", whole run;", ", cumulative up to that level;")
