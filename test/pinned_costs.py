@@ -1,0 +1,43 @@
+"""A step-cost table pinned for served tests that assert what the cost-aware step chose.
+
+The cost-aware budget learns each step's cost from wall-clock time, so on a loaded machine a server
+chooses other verify budgets and draft depths (and so commits other numbers of tokens per step)
+than on an idle one. A test asserting accept lengths, budgets or draft passes serves with this
+table instead: :func:`pinned_env` puts a ``sitecustomize`` on the server's ``PYTHONPATH`` that
+replaces ``StepCost.step`` (the prediction every decision reads) with :data:`TABLE`'s linear
+model. The learned tables are still measured and published; only the decisions stop reading them.
+Outputs are token-exact either way; what changes is that the same prompts give the same choices on
+any machine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Seconds: a step of ``bs`` requests verifying ``N`` nodes each after ``passes`` draft passes costs
+# fixed * bs + passes * (pass + pass_per_request * bs) + verify + verify_per_token * bs * N
+# (about a tiny float32 model's shape on 2 CPU cores: a draft pass a quarter of a 1-token verify).
+TABLE = {"fixed": 0.002, "pass": 0.010, "pass_per_request": 0.002, "verify": 0.040, "verify_per_token": 0.003}
+
+_SHIM = '''
+def _pin_step_costs(t={table!r}):
+    from sglang_graft.engine import budget
+
+    def step(self, *, bs, num_nodes, passes):
+        return (t["fixed"] * bs + passes * (t["pass"] + t["pass_per_request"] * bs)
+                + t["verify"] + t["verify_per_token"] * bs * num_nodes)
+
+    budget.StepCost.step = step
+
+
+_pin_step_costs()
+'''
+
+
+def pinned_env(directory: Path) -> dict:
+    """Environment entries serving with :data:`TABLE` (a ``sitecustomize`` written to ``directory``),
+    to merge into a server's or a benchmark driver's environment."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sitecustomize.py").write_text(_SHIM.format(table=TABLE))
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH", "")) if p)}
