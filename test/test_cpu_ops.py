@@ -4,10 +4,13 @@ kernels) and here through the adapters that SGLang calls."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sglang_cpu_port import kv_ops
 from sglang_cpu_port.attention import decode_attention_cpu, extend_attention_cpu, register_attention_ops
@@ -33,12 +36,20 @@ def _ref_attention(q, keys, values, allowed, scale, cap, sink):
     return torch.tensor(out)
 
 
-def _setup(bs, seq_lens, H, Hkv, D, pool=256, seed=0):
+def _setup(bs, seq_lens, H, Hkv, D, pool=256, seed=0, layout="scattered"):
+    """KV pool and req_to_token rows. ``scattered``: every slot anywhere in the pool; ``runs``:
+    each request's slots consecutive (the ops then read the pool in place), except that the second
+    request's run breaks in the middle (read by index)."""
     g = torch.Generator().manual_seed(seed)
     k_buf = torch.randn(pool, Hkv, D, generator=g)
     v_buf = torch.randn(pool, Hkv, D, generator=g)
     req_to_token = torch.zeros(bs + 2, 128, dtype=torch.int32)
     perm = torch.randperm(pool - 1, generator=g) + 1
+    if layout == "runs":
+        perm = torch.arange(pool - 1) + 1
+        if bs > 1:
+            mid = seq_lens[0] + seq_lens[1] // 2
+            perm[mid:] += 1  # a one-slot gap inside the second request's row
     rpi = torch.tensor([2, 0, 3][:bs], dtype=torch.int64)
     off = 0
     for b in range(bs):
@@ -47,11 +58,12 @@ def _setup(bs, seq_lens, H, Hkv, D, pool=256, seed=0):
     return g, k_buf, v_buf, req_to_token, rpi
 
 
+@pytest.mark.parametrize("layout", ["scattered", "runs"])
 @pytest.mark.parametrize("H,Hkv,window,cap,use_sink", [(4, 2, 0, 0.0, False), (6, 2, 5, 30.0, True), (2, 2, 0, 0.0, True)])
-def test_decode_attention_matches_reference(H, Hkv, window, cap, use_sink):
+def test_decode_attention_matches_reference(H, Hkv, window, cap, use_sink, layout):
     D, bs = 8, 3
-    seq_lens = [9, 1, 14]
-    g, k_buf, v_buf, r2t, rpi = _setup(bs, seq_lens, H, Hkv, D)
+    seq_lens = [9, 1, 14] if layout == "scattered" else [9, 4, 14]
+    g, k_buf, v_buf, r2t, rpi = _setup(bs, seq_lens, H, Hkv, D, layout=layout)
     q = torch.randn(bs, H, D, generator=g)
     new_k, new_v = torch.randn(bs, Hkv, D, generator=g), torch.randn(bs, Hkv, D, generator=g)
     loc = torch.tensor([int(r2t[rpi[b], seq_lens[b] - 1]) for b in range(bs)])
@@ -73,12 +85,13 @@ def test_decode_attention_matches_reference(H, Hkv, window, cap, use_sink):
             torch.testing.assert_close(out[b, h], ref.float(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["scattered", "runs"])
 @pytest.mark.parametrize("tree", [False, True])
-def test_extend_attention_matches_reference(tree):
+def test_extend_attention_matches_reference(tree, layout):
     H, Hkv, D, bs, E = 4, 2, 8, 2, 5
     prefix = [7, 3]
     seq_lens = [p + E for p in prefix]
-    g, k_buf, v_buf, r2t, rpi = _setup(bs, seq_lens, H, Hkv, D, seed=1)
+    g, k_buf, v_buf, r2t, rpi = _setup(bs, seq_lens, H, Hkv, D, seed=1, layout=layout)
     q = torch.randn(bs * E, H, D, generator=g)
     # a random tree per request: parent[i] < i, node 0 is the root; ancestor-or-self mask
     mask = torch.zeros(bs, E, E, dtype=torch.bool)
@@ -195,11 +208,11 @@ def test_standin_serves_sgl_kernel_and_names_missing_ops_at_call_time():
         missing()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 12, 13])
 def test_small_batch_lm_head_is_the_same_product_and_contiguous(rows):
     from types import SimpleNamespace
 
-    from sglang_cpu_port import _lm_head_small_batch
+    from sglang_cpu_port import _lm_head_small_batch, linear
 
     g = torch.Generator().manual_seed(rows)
     lm_head = SimpleNamespace(weight=torch.randn(300, 16, generator=g))
@@ -211,10 +224,88 @@ def test_small_batch_lm_head_is_the_same_product_and_contiguous(rows):
         calls.append(h.shape[0])
         return torch.matmul(h, head.weight.T)
 
-    out = _lm_head_small_batch(original, processor, hidden, lm_head, None, out=None)
+    with _one_thread():
+        out = _lm_head_small_batch(original, processor, hidden, lm_head, None, out=None)
     torch.testing.assert_close(out, hidden @ lm_head.weight.T)
     assert out.is_contiguous()  # grammar masks are applied to logits in place
-    assert calls == ([] if 2 <= rows <= 7 else [rows])
+    assert calls == ([] if rows <= linear.MAX_ROWS else [rows])
+
+
+@contextlib.contextmanager
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 12), depth=st.integers(1, 70), width=st.integers(1, 40),
+       bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_rows_linear_is_the_product_and_batch_invariant(rows, depth, width, bias, seed):
+    """``rows_linear`` is ``x @ W^T + b`` (to float32 rounding), and among 2-12 rows each row's
+    result depends on that row alone: it equals, bit for bit, the same row beside another one."""
+    from sglang_cpu_port.linear import rows_linear
+
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(width, depth, generator=g)
+    b = torch.randn(width, generator=g) if bias else None
+    x = torch.randn(rows, depth, generator=g)
+    other = torch.randn(1, depth, generator=g)
+    with _one_thread():
+        out = rows_linear(x, w, b)
+        pairs = [rows_linear(torch.cat([other, x[i : i + 1]]), w, b) for i in range(rows)]
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert out.is_contiguous()
+    if rows > 1:
+        for i, pair in enumerate(pairs):
+            assert torch.equal(out[i], pair[1]), f"row {i} of {rows} differs from the same row in a pair"
+
+
+def test_rows_linear_declines_what_it_does_not_compute():
+    from sglang_cpu_port.linear import MAX_ROWS, rows_linear
+
+    w = torch.randn(8, 4)
+    with _one_thread():
+        assert rows_linear(torch.randn(2, 3, 4), w).shape == (2, 3, 8)  # leading dims kept
+        assert rows_linear(torch.randn(MAX_ROWS + 1, 4), w) is None  # torch's GEMM is faster there
+        assert rows_linear(torch.randn(0, 4), w) is None
+        assert rows_linear(torch.randn(2, 4, dtype=torch.bfloat16), w.bfloat16()) is None
+        assert rows_linear(torch.randn(2, 4), w.t().contiguous().t()) is None  # non-contiguous weight
+        assert rows_linear(torch.randn(2, 4, requires_grad=True), w) is None
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert rows_linear(torch.randn(2, 4), w) is None  # MKL's threaded GEMM wins with threads
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_linear_hook_keeps_sglangs_product_for_amx_layers(monkeypatch):
+    from types import SimpleNamespace
+
+    from sglang_graft.sglang import seams
+
+    from sglang_cpu_port import linear
+
+    layer = SimpleNamespace(weight=torch.randn(8, 4))
+    x = torch.randn(3, 4)
+    calls = []
+
+    def original(method, lay, inp, bias=None):
+        calls.append(inp.shape[0])
+        return torch.nn.functional.linear(inp, lay.weight, bias)
+
+    with _one_thread():
+        out = linear._linear_method_apply(original, None, layer, x)
+        assert calls == []
+        torch.testing.assert_close(out, x @ layer.weight.T)
+        layer.use_intel_amx_backend = True
+        assert seams.USES_AMX.resolve()(layer)
+        linear._linear_method_apply(original, None, layer, x)
+        assert calls == [3]
 
 
 def test_a_cpu_launcher_forks_its_children_and_a_cuda_one_keeps_spawn():

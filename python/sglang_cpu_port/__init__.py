@@ -3,7 +3,8 @@ not part of GRAFT (GRAFT's plugin does not import it; it serves any SGLang model
 
 ``boot`` (interpreter start, CPU profile only) makes SGLang importable; ``install_hooks`` (called
 by this package's own ``sglang.srt.plugins`` entry point, :func:`register`) keeps SGLang's ``intel_amx`` attention backend, whose kernels the
-stand-in provides in pure torch, on CPUs that have no AMX, and replaces two MoE paths that fail on
+stand-in provides in pure torch, on CPUs that have no AMX, computes float32 linears and lm_heads of
+a few rows with a batch-invariant kernel (``linear``), and replaces two MoE paths that fail on
 a CPU (``moe``: Qwen2-MoE's Triton shared-expert gate, ``--ep-size > 1``'s ``-1`` expert ids).
 """
 
@@ -36,33 +37,30 @@ def _keep_intel_amx_backend(original, view, *args, **kwargs):
     return original(view, *args, **kwargs)
 
 
-SMALL_ROWS = range(2, 8)
-
-
 def _lm_head_small_batch(original, processor, hidden_states, lm_head, embedding_bias=None, *args, **kwargs):
-    """AROUND ``LogitsProcessor._compute_lm_head`` on CPU: for 2-7 rows (a verify of a few draft
-    tokens, a small decode batch), compute the logits as ``(W @ h.T).T`` instead of SGLang's
-    ``h @ W.T``: against a large vocabulary, torch's ``h @ W.T`` is slower than ``W @ h.T`` for
-    2-7 rows on CPUs without AMX (the README's CPU install profile has the measurement). The
-    same product, taken only where SGLang would take its plain matmul branch."""
+    """AROUND ``LogitsProcessor._compute_lm_head`` on CPU: the logits of up to
+    ``linear.MAX_ROWS`` rows (a decode step, a verify of a few draft tokens, a small decode batch)
+    from :func:`linear.rows_linear`, the batch-invariant small-row kernel, where SGLang would take
+    its plain ``h @ W^T`` branch (against a large vocabulary MKL's GEMM for 2-12 rows costs 2-3x
+    its one-row product; the README's CPU section has the measurement)."""
     from sglang_graft.sglang import seams
 
-    rows = hidden_states.shape[0] if hidden_states.dim() == 2 else 0
+    from sglang_cpu_port import linear
+
     weight = getattr(lm_head, "weight", None)
     plain = (
-        rows in SMALL_ROWS and weight is not None and embedding_bias is None and not args
+        hidden_states.dim() == 2 and isinstance(weight, torch.Tensor) and embedding_bias is None and not args
         and set(kwargs) <= {"out"}
-        and not hidden_states.is_cuda and weight.dtype == torch.float32
         and not (hasattr(lm_head, "set_lora") and hasattr(lm_head, "apply_lora"))
         and not seams.LM_HEAD_USES_QUANT_METHOD.resolve()(lm_head, getattr(lm_head, "quant_method", None))
         and not getattr(processor, "use_fp32_lm_head", False)
         and getattr(processor, "rl_on_policy_target", None) is None
         and not seams.USES_AMX.resolve()(lm_head)
     )
-    if not plain:
+    logits = linear.rows_linear(hidden_states, weight) if plain else None
+    if logits is None:
         return original(processor, hidden_states, lm_head, embedding_bias, *args, **kwargs)
-    # contiguous, as SGLang's own logits are: consumers write into them in place (grammar masks)
-    return torch.matmul(weight, hidden_states.to(weight.dtype).T).T.contiguous()
+    return logits  # contiguous, as SGLang's own logits are: grammar masks are applied in place
 
 
 def _fork_subprocesses(result, server_args, *args, **kwargs):
@@ -97,12 +95,13 @@ def take_cuda_branches() -> None:
 def install_hooks() -> bool:
     """Register the CPU hooks with SGLang's HookRegistry; a no-op unless the stand-in serves."""
     from sglang_graft.sglang import seams
-    from sglang_cpu_port import moe, quiet
+    from sglang_cpu_port import linear, moe, quiet
 
     if not (seams.IS_CPU.resolve()() and standin_active()):
         return False
     seams.register_hook(seams.CPU_BACKEND_FALLBACK, _keep_intel_amx_backend, "AROUND")
     seams.register_hook(seams.CPU_LM_HEAD, _lm_head_small_batch, "AROUND")
+    seams.register_hook(seams.CPU_LINEAR, linear._linear_method_apply, "AROUND")
     seams.register_hook(seams.CPU_SHARED_EXPERT_GATE, moe._shared_gate_on_cpu, "AROUND")
     seams.register_hook(seams.CPU_MOE_NATIVE, moe._local_experts_only, "AROUND")
     seams.register_hook(seams.CPU_START_METHOD, _fork_subprocesses, "AFTER")

@@ -25,9 +25,22 @@ import torch.nn.functional as F
 _LIB: Optional[torch.library.Library] = None
 
 
-def _gather_kv(buffer: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:
-    """[L, Hkv, D] float32 keys or values for the given KV-pool slots."""
-    kv = buffer[slots].to(torch.float32)
+def _slot_rows(slots: torch.Tensor):
+    """How to read the KV-pool rows ``slots`` (int64 ``[L]``): a ``slice`` when they are one
+    ascending run (the usual case: the allocator hands a request consecutive slots), which reads
+    the pool in place instead of copying the whole context on every layer; else ``slots``."""
+    n = slots.numel()
+    if n == 0:
+        return slots
+    first = int(slots[0])
+    if int(slots[-1]) - first == n - 1 and (n == 1 or bool((slots.diff() == 1).all())):
+        return slice(first, first + n)
+    return slots
+
+
+def _gather_kv(buffer: torch.Tensor, rows, scale: float) -> torch.Tensor:
+    """[L, Hkv, D] float32 keys or values at the KV-pool rows ``rows`` (see :func:`_slot_rows`)."""
+    kv = buffer[rows].to(torch.float32)
     if buffer.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and scale != 1.0:
         kv = kv * scale
     return kv
@@ -126,9 +139,9 @@ def decode_attention_cpu(
         else:
             start = int(encoder_lens[b]) if encoder_lens is not None else 0
             end = seq_len
-        slots = row[start:end].to(torch.int64)
-        k = _gather_kv(k_buffer, slots, k_scale)
-        v = _gather_kv(v_buffer, slots, v_scale)
+        rows = _slot_rows(row[start:end].to(torch.int64))
+        k = _gather_kv(k_buffer, rows, k_scale)
+        v = _gather_kv(v_buffer, rows, v_scale)
         k_pos = torch.arange(end - start)
         q_pos = torch.tensor([end - start - 1])
         visible = (
@@ -184,8 +197,9 @@ def extend_attention_cpu(
         else:
             offset = int(encoder_lens[b]) if encoder_lens is not None else 0
             slots = row[offset : offset + seq_len].to(torch.int64)
-        k = _gather_kv(k_buffer, slots, k_scale)
-        v = _gather_kv(v_buffer, slots, v_scale)
+        rows = _slot_rows(slots)
+        k = _gather_kv(k_buffer, rows, k_scale)
+        v = _gather_kv(v_buffer, rows, v_scale)
         q = q_extend[q0 : q0 + ext]
         num_keys = slots.numel()
         if is_cross_attn or not is_causal:

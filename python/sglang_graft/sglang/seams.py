@@ -135,7 +135,9 @@ FREEZE_GC = Seam("sglang.srt.entrypoints.http_server._freeze_gc_after_server_war
 CPU_BACKEND_FALLBACK = Seam("sglang.srt.arg_groups.overrides._attention_backend_platform_fallbacks",
                             "keep the intel_amx backend (tree verify) on CPUs without AMX")
 CPU_LM_HEAD = Seam("sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
-                   "compute the lm_head of 2-7 rows as W @ h^T on CPU (torch's h @ W^T is slower there)")
+                   "compute the lm_head of a few rows with the CPU port's batch-invariant small-row kernel")
+CPU_LINEAR = Seam("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
+                  "compute float32 linears of a few rows with the CPU port's batch-invariant small-row kernel")
 CPU_START_METHOD = Seam("sglang.srt.entrypoints.engine._set_envs_and_config",
                         "fork the scheduler and detokenizer on CPU (they inherit the launcher's imports)")
 CPU_SHARED_EXPERT_GATE = Seam("sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add",

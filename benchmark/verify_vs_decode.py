@@ -1,0 +1,101 @@
+"""A verify step against a decode step, side by side: every server up at once, requests interleaved.
+
+``profile_verify.py`` serves one server at a time, so a machine whose speed drifts between servers
+(shared CPUs do) moves the ratios it reports. Here a plain server and one GRAFT server per budget
+``N`` (``--budgets``; the fixed-``N`` servers of ``profile_verify.graft_args``) are started together
+and idle between requests (``--sleep-on-idle``); each round sends the short and the long prompt to
+each server in turn, one request at a time. Per server and context, the median over ``--rounds`` of
+
+* ``step_ms``: client time per decode step (the time of ``1 + K`` new tokens less that of 1, over
+  the steps the server ran: ``K`` for the plain server, GRAFT's step count from ``/server_info``);
+* ``verify_ms`` (GRAFT): the verify phase of GRAFT's step timer per step (target forward,
+  acceptance, commit).
+
+    python benchmark/verify_vs_decode.py --budgets 2 4 8 --rounds 3 --json out/verify_vs_decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "models"))
+
+from local_server import SGLangServer  # noqa: E402
+from profile_verify import DEFAULT_HEAD, graft_args, prompts, step_time, timed  # noqa: E402
+
+
+def measure(servers: dict, ids: dict, new: int, rounds: int) -> dict:
+    """``{context: {server: {"step_ms", "verify_ms"?}}}``, medians over ``rounds``."""
+    steps = {ctx: {name: [] for name in servers} for ctx in ids}
+    verify = {ctx: {name: [] for name in servers} for ctx in ids}
+    for _ in range(rounds):
+        for ctx, prompt in ids.items():
+            for name, srv in servers.items():
+                one = timed(srv, prompt, 1)
+                if name == "plain":
+                    steps[ctx][name].append(1e3 * (timed(srv, prompt, 1 + new) - one) / new)
+                    continue
+                before = step_time(srv)
+                many = timed(srv, prompt, 1 + new)
+                after = step_time(srv)
+                n = max(after["steps"] - before["steps"], 1)
+                steps[ctx][name].append(1e3 * (many - one) / n)
+                verify[ctx][name].append(1e3 * (after["phase_s"]["verify"] - before["phase_s"]["verify"]) / n)
+    return {ctx: {name: {"step_ms": round(statistics.median(steps[ctx][name]), 1),
+                         **({"verify_ms": round(statistics.median(verify[ctx][name]), 1)} if verify[ctx][name] else {})}
+                  for name in servers} for ctx in ids}
+
+
+def render(report: dict, lengths: dict) -> str:
+    lines = ["| context | plain decode ms | N | GRAFT step ms (/ decode) | verify ms (/ decode) |", "|---|---|---|---|---|"]
+    for ctx, row in report.items():
+        decode = row["plain"]["step_ms"]
+        for name, r in row.items():
+            if name == "plain":
+                continue
+            lines.append(f"| {ctx} ({lengths[ctx]} tok) | {decode} | {name[1:]} | {r['step_ms']} ({r['step_ms'] / decode:.2f}x) | "
+                         f"{r['verify_ms']} ({r['verify_ms'] / decode:.2f}x) |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="target HF dir (default: SmolLM2-135M-Instruct, built offline)")
+    ap.add_argument("--draft", type=Path, default=DEFAULT_HEAD)
+    ap.add_argument("--budgets", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--long-tokens", type=int, default=1500)
+    ap.add_argument("--json", type=Path, default=HERE / "out" / "verify_vs_decode.json")
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    import build_smollm2
+
+    model = args.model or build_smollm2.build(build_smollm2.default_dir("float32"), "float32")
+    ids = prompts(AutoTokenizer.from_pretrained(model), args.long_tokens)
+    logs = args.json.parent / "verify_vs_decode_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        servers = {"plain": stack.enter_context(SGLangServer(model, [], log_path=logs / "plain.log"))}
+        for n in args.budgets:
+            servers[f"N{n}"] = stack.enter_context(
+                SGLangServer(model, graft_args(args.draft, n), log_path=logs / f"graft-N{n}.log"))
+        for srv in servers.values():
+            srv.generate_ids(ids["short"][:8], 4)  # warm up
+        report = measure(servers, ids, args.new_tokens, args.rounds)
+    lengths = {ctx: len(p) for ctx, p in ids.items()}
+    args.json.write_text(json.dumps({"report": report, "prompt_tokens": lengths, "rounds": args.rounds,
+                                     "new_tokens": args.new_tokens}, indent=1))
+    print(render(report, lengths))
+
+
+if __name__ == "__main__":
+    main()
