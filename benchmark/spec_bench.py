@@ -204,7 +204,8 @@ def _counters(eco: dict) -> Counter:
     check = eco.get("expected_vs_committed") or {}
     checked = check.get("steps", 0)
     return Counter({"steps": eco["steps"], "draft_passes": eco["draft_passes"],
-                    "skipped_drafts": eco["skipped_drafts"], "checked_steps": checked,
+                    "skipped_drafts": eco["skipped_drafts"], "plain_steps": eco.get("plain_steps", 0),
+                    "checked_steps": checked,
                     "expected_tokens": check.get("expected_per_step", 0.0) * checked,
                     "committed_tokens": check.get("committed_per_step", 0.0) * checked,
                     **{f"N={k}": v for k, v in eco["budget_histogram"].items()}})
@@ -218,7 +219,7 @@ def _category_economy(counts: Counter) -> dict:
     committed = round(counts["committed_tokens"])  # an integer count, read back as mean x steps
     return {"steps": steps, "draft_passes": counts["draft_passes"],
             "mean_draft_passes": counts["draft_passes"] / steps if steps else 0.0,
-            "skipped_drafts": counts["skipped_drafts"],
+            "skipped_drafts": counts["skipped_drafts"], "plain_steps": counts["plain_steps"],
             "budget_histogram": {str(k): v for k, v in hist},
             "expected_vs_committed": {
                 "steps": checked, "expected_tokens": round(counts["expected_tokens"], 3),

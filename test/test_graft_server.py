@@ -69,20 +69,25 @@ def _run_all(srv, ids):
 COUNT_READS = {"SGLANG_GRAFT_COUNT_HOST_READS": "1"}
 
 
-def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_logs, reference):
+def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_logs, reference, tmp_path):
+    """The defaults, token-exact; retrieval gets tokens accepted; steps the cost model finds
+    nothing worth verifying for are plain (the root alone), the others speculative. Step costs
+    pinned: which steps are plain does not depend on how loaded the machine is."""
     ids, ref = reference
+    env = {**COUNT_READS, **pinned_env(tmp_path / "pinned")}
     with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-per-step-metrics"),
-                      log_path=server_logs / "graft-auto.log", env=COUNT_READS) as srv:
+                      log_path=server_logs / "graft-auto.log", env=env) as srv:
         outs = _run_all(srv, ids)
         assert [o["output_ids"] for o in outs] == ref
         retrieved = [o["meta_info"]["graft_retrieved_accepted"] for o in outs]
         assert sum(retrieved[: len(REPETITIVE)]) > 0, retrieved
         for o in outs:
             m = o["meta_info"]
-            steps = m["spec_verify_ct"]
-            assert steps > 0 and sum(m["graft_stage_histogram"]) == steps and m["graft_verify"] == "greedy"
+            steps = m["spec_verify_ct"]  # SGLang counts every verify, plain steps' too
+            assert steps > 0 and sum(m["graft_stage_histogram"]) + m["graft_plain_steps"] == steps
             per_step = m["graft_steps"]  # --speculative-graft-per-step-metrics
-            assert len(per_step["stage"]) == steps and sum(per_step["retrieved_accepted"]) == m["graft_retrieved_accepted"]
+            assert len(per_step["stage"]) == steps - m["graft_plain_steps"]
+            assert sum(per_step["retrieved_accepted"]) == m["graft_retrieved_accepted"]
             accepted = m["graft_retrieved_accepted"] + m["graft_draft_accepted"]
             # the prefill emits the first token; each verify step commits its accepted nodes and one
             # bonus token (the last step may be cut at max_new_tokens)
@@ -93,12 +98,18 @@ def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_l
         assert 0.0 < graft["retrieval_share"] <= 1.0
         assert sum(graft["stage_histogram"]) == graft["verify_steps"]
         assert info["avg_spec_accept_length"] >= 1.0
+        economy = graft["economy"]
+        plain = economy["plain_steps"]
+        assert 0 < plain < economy["steps"], economy  # both kinds of step were served
+        assert graft["plain_request_steps"] == plain  # batch 1
+        assert sum(o["meta_info"]["graft_plain_steps"] for o in outs) == plain
+        assert "graft_verify" in outs[0]["meta_info"] and all(o["meta_info"]["graft_verify"] == "greedy" for o in outs)
         assert "Traceback" not in srv.tail(10 ** 8)  # a normal start prints no traceback
         # on a CPU GRAFT reads fresh values on the host (sync-free off): the counter sees them
         assert graft["sync_free"] is False and graft["host_reads"]["graft"] >= graft["economy"]["steps"]
         # every cost-aware step's expected and committed tokens are checked (each step commits >= 1)
-        check = graft["economy"]["expected_vs_committed"]
-        assert check["steps"] == graft["economy"]["steps"] and check["committed_per_step"] >= 1.0, check
+        check = economy["expected_vs_committed"]  # the speculative steps
+        assert check["steps"] == economy["steps"] - plain and check["committed_per_step"] >= 1.0, check
         assert check["expected_per_step"] >= 1.0, check
 
 
@@ -130,6 +141,7 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     assert reads["sglang"] + reads["cpu_kernels"] > 0  # the counter was on (SGLang's CPU step reads values)
     economy = graft["economy"]
     assert economy["steps"] > 50 and economy["mean_draft_passes"] < 2
+    assert economy["plain_steps"] == 0  # sync-free steps are never decided plain (yet)
     check = economy["expected_vs_committed"]  # from the lagged entries: all but the newest steps
     assert economy["steps"] - 4 <= check["steps"] <= economy["steps"] and check["committed_per_step"] >= 1.0, check
     assert graft["accepted_retrieved_tokens"] > 0  # re-rooted retrieval is accepted (the tiny head rarely is)

@@ -179,12 +179,41 @@ def test_input_ids_checked_against_the_vocabulary(ids, ok):
 
 def test_per_step_counts_aggregate_per_request():
     steps = {"graft_stage": [0, 2, 2], "graft_draft_accepted": [1, 0, 3], "graft_retrieved_accepted": [0, 4, 0],
-             "graft_proposed": [3, 15, 7], "graft_verify": ["greedy"] * 3}
+             "graft_proposed": [3, 15, 7], "graft_verify": ["greedy"] * 3, "graft_plain": [1, 1]}
     assert hooks.aggregate_steps(steps) == {"graft_draft_accepted": 4, "graft_retrieved_accepted": 4,
                                             "graft_proposed": 25, "graft_stage_histogram": [1, 0, 2],
-                                            "graft_verify": "greedy"}
+                                            "graft_plain_steps": 2, "graft_verify": "greedy"}
     assert hooks.aggregate_steps({}) == {"graft_draft_accepted": 0, "graft_retrieved_accepted": 0,
-                                         "graft_proposed": 0, "graft_stage_histogram": []}
+                                         "graft_proposed": 0, "graft_stage_histogram": [], "graft_plain_steps": 0}
+
+
+def test_a_plain_step_runs_no_retrieval_draft_or_tree():
+    """``GraftDraftWorker.draft`` on a step the stepper decided plain: the roots alone as a one-node
+    verify input (positions ``seq_lens``, no links); retrieval proposes nothing, the draft runner and
+    the tree builder are never called."""
+    from sglang_graft.engine.step import PlainPlan
+    from sglang_graft.sglang.draft_worker import GraftDraftWorker
+
+    def never(*a, **k):
+        raise AssertionError("speculative work in a plain step")
+
+    roots_added = []
+    worker = object.__new__(GraftDraftWorker)
+    worker.speculative_num_steps, worker.topk = 3, 2
+    worker.runner = SimpleNamespace(run=never)
+    worker._begin = worker._build_verify_input = never
+    worker._prepare_retrieval = lambda rids, roots: roots_added.append((rids, roots.tolist()))
+    worker.context = SimpleNamespace(stepper=SimpleNamespace(plain_plan=lambda rids: PlainPlan(rids), begin=never))
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")],
+                            forward_mode=SimpleNamespace(is_idle=lambda: False),
+                            spec_info=SimpleNamespace(bonus_tokens=torch.tensor([7, 9], dtype=torch.int32)),
+                            seq_lens=torch.tensor([5, 11]))
+    vi = GraftDraftWorker.draft(worker, batch)
+    assert roots_added == [(["a", "b"], [7, 9])]  # a request's first root still reaches its store
+    assert vi.plain.rids == ["a", "b"] and vi.graft_info is None and vi.draft_token_num == 1
+    assert vi.draft_token.tolist() == [7, 9] and vi.positions.tolist() == [5, 11]
+    assert vi.retrieve_index.tolist() == [[0], [1]]
+    assert vi.retrieve_next_token.tolist() == vi.retrieve_next_sibling.tolist() == [[-1], [-1]]
 
 
 def test_spec_metrics_count_the_nodes_verified(monkeypatch):

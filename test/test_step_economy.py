@@ -403,3 +403,67 @@ def test_host_reads_per_cost_aware_step(monkeypatch):
     s.feedback(bins, step.tree.linked, step.tree.linked & (torch.rand(step.tree.linked.shape) < 0.5))
     s.end_step(plan, bs=2)
     assert reads.taken() == 0
+
+
+def _spec_step_choosing(s: GraftStepper, bs: int) -> int:
+    """One speculative step of a confident chain for ``bs`` requests; its budget."""
+    pool = chain_pool(torch.full((bs, 3), 5), torch.full((bs, 3), 0.95))
+    s.timer.begin()
+    plan = s.begin(list(range(bs)), torch.full((bs,), 3))
+    s.build(plan, pool, torch.full((bs,), 5))
+    s.end_step(plan, bs)
+    return plan.num_nodes
+
+
+def test_a_step_is_plain_when_the_newest_speculative_step_found_nothing_worth_verifying():
+    """Plain before any work exactly when the newest speculative step's expectations, scaled to the
+    batch, choose N = 1 against a plain step's cost (no fixed part); every PROBE_EVERY plain steps
+    in a row a speculative step measures again; never without a speculative step to go by."""
+    from sglang_graft.engine.step import PlainPlan
+
+    steep, free = _stepper("cost", topk=1), _stepper("cost", topk=1)
+    _teach_costs(steep, {1: 1.0, 2: 5.0, 8: 40.0}, pass_s=0.0)
+    _teach_costs(free, {1: 1.0, 8: 1.0}, pass_s=0.0)
+    for s in (steep, free):
+        s.calibration.prior[: s.calibration.ranges["draft"][1]] = 0.9
+        assert s.plain_plan(["a"]) is None  # nothing known yet
+    assert _spec_step_choosing(free, 1) == 4 and free.plain_plan(["a"]) is None
+    assert _spec_step_choosing(steep, 1) == 1
+    kinds = []
+    for _ in range(2 * steep.PROBE_EVERY + 2):
+        plan = steep.plain_plan(["a"])
+        kinds.append("plain" if isinstance(plan, PlainPlan) else "probe")
+        steep.timer.begin()
+        if plan is None:
+            assert _spec_step_choosing(steep, 1) == 1
+        else:
+            assert (plan.num_nodes, plan.passes) == (1, 0)
+            steep.end_step(plan, 1)
+    p = steep.PROBE_EVERY
+    assert kinds == ["plain"] * p + ["probe"] + ["plain"] * p + ["probe"]
+    assert steep.stats.plain_steps == 2 * p and steep.stats.budget_histogram[1] == 2 * p + 3
+    assert _stepper("fixed", budgets=(8,)).plain_plan(["a"]) is None
+
+
+def test_a_plain_step_is_priced_and_measured_without_retrieval_or_tree_work():
+    from sglang_graft.engine.step import PlainPlan
+
+    s = _stepper("cost")
+    _teach_costs(s, {1: 0.05, 8: 0.06}, pass_s=0.001)  # fixed part: 0.001 per step
+    assert s.cost.step(bs=1, num_nodes=1, passes=0) == pytest.approx(0.051)
+    assert s.cost.step(bs=1, num_nodes=1, passes=0, plain=True) == pytest.approx(0.05)
+    before = s.cost.fixed(1)
+    s.timer.begin()
+    s.timer.current["other"] = 0.0
+    s.end_step(PlainPlan(["a"]), 1)
+    s.cost.publish()
+    assert s.cost.fixed(1) == pytest.approx(before)  # a plain step's time is not a speculative step's fixed part
+
+
+def test_exploring_budget_one_is_a_plain_step():
+    s = _stepper("cost", budgets=(1, 2, 4))
+    s.stats.steps = 0
+    plan = s.plain_plan(["a"])
+    assert plan is not None and plan.explore
+    s.stats.steps = 1
+    assert s.plain_plan(["a"]) is None  # exploring N = 2 is speculative

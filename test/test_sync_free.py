@@ -171,12 +171,13 @@ def test_sync_free_decisions_come_from_the_lagged_step_and_read_nothing():
         s.end_step(plan, bs=2)
     assert reads.total("sglang_graft") == 0, reads.sites
     assert plan.num_nodes == 8 and plan.expected_rows.shape == (2, 4) and used.shape == (2,)
-    # nothing is expected beyond the root: no draft pass, budget 1 (a plain decode step)
+    # nothing is expected beyond the root: no draft pass, budget 1
     _lagged(s, [0, 0], [[1.0, 1.0, 1.01, 1.01]] * 2)
     plan = s.begin(["a", "b"], torch.tensor([3, 7]), ring.pending(pool_idx))
     assert plan.planned_passes == 0 and not s.keep_drafting(plan, pools[0])
     s.build(plan, pools[0], torch.tensor([5, 9]))
     assert plan.num_nodes == 1
+    assert s.plain_plan(["a", "b"]) is None  # sync-free steps are never decided plain (yet)
 
 
 def test_the_same_decisions_read_the_host_without_sync_free():

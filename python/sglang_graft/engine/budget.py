@@ -24,7 +24,7 @@ step seconds ``(1.00, 1.05, 1.30)``: expected tokens ``(1.0, 1.9, 2.7)``, tokens
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -86,7 +86,7 @@ class StepCost:
         self._live_seen[row, b] = 1.0
 
     def observe(self, *, bs: int, num_nodes: int, verify_s: float, passes: int, draft_s: float,
-                fixed_s: float) -> None:
+                fixed_s: Optional[float]) -> None:
         self._add(0, bs * num_nodes, verify_s)
         if num_nodes in self.budgets:
             cell = (self.bucket(bs), self.budgets.index(num_nodes))
@@ -95,7 +95,8 @@ class StepCost:
             self._cell_seen[cell] = 1.0
         if passes:
             self._add(1, bs, draft_s / passes)
-        self._add(2, bs, fixed_s)
+        if fixed_s is not None:  # None: a plain step, which has no retrieval or tree work
+            self._add(2, bs, fixed_s)
 
     def publish(self, all_reduce_sum=None) -> None:
         """Make the live tables the ones predictions read; with ``all_reduce_sum`` (a collective
@@ -188,9 +189,11 @@ class StepCost:
     def fixed(self, bs: int) -> float:
         return self._nearest(2, bs)
 
-    def step(self, *, bs: int, num_nodes: int, passes: int) -> float:
-        """Predicted seconds of a step verifying ``num_nodes`` per request after ``passes`` draft passes."""
-        return self.fixed(bs) + passes * self.draft_pass(bs) + self.verify_at(bs, num_nodes)
+    def step(self, *, bs: int, num_nodes: int, passes: int, plain: bool = False) -> float:
+        """Predicted seconds of a step verifying ``num_nodes`` per request after ``passes`` draft
+        passes; ``plain``: a plain step (verify and draft extend only, no retrieval or tree work)."""
+        fixed = 0.0 if plain else self.fixed(bs)
+        return fixed + passes * self.draft_pass(bs) + self.verify_at(bs, num_nodes)
 
     def as_dict(self) -> dict:
         names = ("verify_s_by_tokens", "draft_pass_s_by_bs", "fixed_s_by_bs")

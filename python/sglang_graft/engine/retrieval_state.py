@@ -50,6 +50,7 @@ class GraftCounters:
     bonus_tokens: int = 0
     sampling_verify_steps: int = 0
     stage_histogram: list[int] = field(default_factory=list)
+    plain_request_steps: int = 0  # plain steps (the root verified alone) summed over requests
 
     def add_steps(self, stages: Sequence[int], retrieved: Sequence[int], drafted: Sequence[int]) -> None:
         """One verify step per request: its pruning stage and accepted retrieved / drafted nodes."""
@@ -71,6 +72,7 @@ class GraftCounters:
             "retrieval_share": self.accepted_retrieved_tokens / drafted if drafted else 0.0,
             "sampling_verify_steps": self.sampling_verify_steps,
             "stage_histogram": list(self.stage_histogram),
+            "plain_request_steps": self.plain_request_steps,
         }
 
 

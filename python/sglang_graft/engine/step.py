@@ -79,12 +79,26 @@ class StepPlan:
 
 
 @dataclass
+class PlainPlan:
+    """A decode step decided plain before any speculative work (:meth:`GraftStepper.plain_plan`):
+    the target verifies each request's root alone (``N = 1``, a decode step), with no retrieval
+    proposal, no draft pass and no tree; the draft extends over the committed token as after any
+    verify, so the next speculative step drafts from a complete draft state."""
+
+    rids: list
+    explore: bool = False
+    num_nodes: int = 1
+    passes: int = 0
+
+
+@dataclass
 class StepStats:
     """Server-wide counters of the step economy (``/server_info``)."""
 
     steps: int = 0
     draft_passes: int = 0
     skipped_drafts: int = 0  # steps with no draft pass at all
+    plain_steps: int = 0  # steps decided plain before any speculative work (N = 1, a decode step)
     budget_histogram: Counter = field(default_factory=Counter)
     # cost-aware steps whose outcome is known: tokens the chosen budget expected, tokens committed
     checked_steps: int = 0
@@ -100,7 +114,7 @@ class StepStats:
         n = self.checked_steps
         return {"steps": self.steps, "draft_passes": self.draft_passes,
                 "mean_draft_passes": self.draft_passes / self.steps if self.steps else 0.0,
-                "skipped_drafts": self.skipped_drafts,
+                "skipped_drafts": self.skipped_drafts, "plain_steps": self.plain_steps,
                 "budget_histogram": {str(k): v for k, v in sorted(self.budget_histogram.items())},
                 "expected_vs_committed": {"steps": n, "expected_per_step": self.expected_tokens / n if n else 0.0,
                                           "committed_per_step": self.committed_tokens / n if n else 0.0}}
@@ -120,6 +134,7 @@ class GraftStepper:
     """
 
     EXPLORE_EVERY = 32  # one step in this many measures a budget in turn (the cost model's data)
+    PROBE_EVERY = 8  # after this many plain steps in a row, a speculative step measures the batch again
     PUBLISH_EVERY = 8  # the cost model's published table is refreshed every this many steps
 
     def __init__(self, cfg: GraftConfig, retrieval: GraftRetrieval, num_steps: int, topk: int,
@@ -145,6 +160,9 @@ class GraftStepper:
         self._may_keep_draft = torch.tensor([k > 0 for k in table], dtype=torch.bool, device=device)
         self._stage_caps = min(table) < self.max_nodes - 1  # False by default: no stage caps the ranking
         self.lagged: Optional[LaggedEntry] = None  # newest decode step whose results are on the host
+        # the newest speculative step's expected tokens per request of every budget, and its draft passes
+        self.recent: Optional[tuple[list[float], int]] = None
+        self.plain_run = 0  # plain steps since the last speculative one
 
     def explore_index(self) -> Optional[int]:
         """The budget this step measures, if it is an exploring step: each budget in turn for the
@@ -159,6 +177,37 @@ class GraftStepper:
         if step % self.EXPLORE_EVERY == 0:
             return (step // self.EXPLORE_EVERY) % n
         return None
+
+    # -- 0. before anything ----------------------------------------------------------------------
+    def plain_plan(self, rids: list) -> Optional[PlainPlan]:
+        """Whether this decode step is plain (a :class:`PlainPlan`) or speculative (None), decided
+        before any speculative work, from what is on the host: the newest speculative step's
+        expected tokens per request of every budget (:attr:`recent`) scaled to this batch, against
+        the cost model, where the plain step costs its verify of the root and draft extend
+        (``StepCost.step(plain=True)``: no retrieval, no tree, no draft pass).
+
+        Nothing is measured in a plain step, so after :data:`PROBE_EVERY` plain steps in a row a
+        speculative step measures the batch again; an exploring step for ``N = 1`` is plain. Cost
+        mode only, with 1 among the budgets, and not sync-free (whose speculative steps take their
+        budget from the newest known step: a probe would repeat the plain step's choice and measure
+        nothing). The inputs are the same on every tensor-parallel rank.
+
+        Example: budgets 1 / 4, the newest speculative step expected 1.0 / 1.3 tokens per request,
+        bs 8: plain 8 tokens in 0.10 s against N = 4's 10.4 in 0.16 s: plain.
+        """
+        if not self.cost_aware or self.sync_free or self.budgets[0] != 1:
+            return None
+        explore_k = self.explore_index()
+        if explore_k is not None:
+            return PlainPlan(rids, explore=True) if explore_k == 0 else None
+        if self.recent is None or self.plain_run >= self.PROBE_EVERY:
+            return None
+        bs = len(rids)
+        per_request, passes = self.recent
+        expected = [float(bs)] + [e * bs for e in per_request[1:]]
+        secs = [self.cost.step(bs=bs, num_nodes=1, passes=0, plain=True)] + [
+            self.cost.step(bs=bs, num_nodes=n, passes=passes) for n in self.budgets[1:]]
+        return PlainPlan(rids) if choose_budget(expected, secs) == 0 else None
 
     # -- 1. before the draft ---------------------------------------------------------------------
     def begin(self, rids: list, root_tokens: torch.Tensor, pending=None) -> StepPlan:
@@ -314,6 +363,8 @@ class GraftStepper:
             k = choose_budget(expected, secs)
         n = plan.num_nodes = self.budgets[k]
         plan.expected = None if expected is None else expected[k]
+        if expected is not None:
+            self.recent = ([e / bs for e in expected], plan.passes)
         # draft nodes among the n - 1 most valuable of the union, per request
         m = pool.size
         top = max(0, min(n - 1, union.shape[1]))
@@ -355,18 +406,22 @@ class GraftStepper:
         [bs, N] bool`` ones, whose calibration bins are ``bins [bs, N] int64``."""
         self.calibration.update(bins, linked, accepted & linked)
 
-    def end_step(self, plan: Optional[StepPlan], bs: int) -> None:
+    def end_step(self, plan: Optional[StepPlan | PlainPlan], bs: int) -> None:
         """The step's phase times feed the cost model (on CUDA possibly a step or two later, when
-        its events have completed); counters."""
-        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes))
+        its events have completed); counters. A plain step's times feed its verify cell only (its
+        retrieval, tree and draft time are none, and would make a speculative step look cheaper)."""
+        plain = isinstance(plan, PlainPlan)
+        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes, plain))
         for phases, step in observed:
             if step is not None:
-                b, n, passes = step
+                b, n, passes, was_plain = step
                 self.cost.observe(bs=b, num_nodes=n, verify_s=phases["verify"] + phases["draft_extend"],
                                   passes=passes, draft_s=phases["draft"],
-                                  fixed_s=phases["retrieval"] + phases["tree"] + phases["other"])
+                                  fixed_s=None if was_plain else phases["retrieval"] + phases["tree"] + phases["other"])
         if plan is None:
             return
+        self.plain_run = self.plain_run + 1 if plain else 0
+        self.stats.plain_steps += plain
         self.stats.steps += 1
         self.stats.draft_passes += plan.passes
         self.stats.skipped_drafts += plan.passes == 0
@@ -381,4 +436,4 @@ class GraftStepper:
                 "calibration": self.calibration.as_dict()}
 
 
-__all__ = ["GraftStepper", "StepPlan", "StepStats"]
+__all__ = ["GraftStepper", "PlainPlan", "StepPlan", "StepStats"]

@@ -19,7 +19,7 @@ from sglang_graft.config import GraftConfig
 from sglang_graft.sglang import seams
 from sglang_graft.sglang.draft_runner import DraftRunner, EagerDraftRunner, max_prob
 from sglang_graft.engine.retrieval_state import GraftRetrieval, NotAdmittedError
-from sglang_graft.engine.step import GraftStepper, StepPlan
+from sglang_graft.engine.step import GraftStepper, PlainPlan, StepPlan
 from sglang_graft.engine.tp_check import TreeHashCheck
 from sglang_graft.tree import (
     DraftPool, TreeMaskMode, encode_tree_mask, from_host,
@@ -64,7 +64,8 @@ class GraftStepInfo:
 class GraftVerifyInput(EagleVerifyInput):
     """EAGLE verify input for an irregular tree: any depth up to ``N``, no fixed branching."""
 
-    graft_info: Optional[GraftStepInfo] = None
+    graft_info: Optional[GraftStepInfo] = None  # a speculative step's tree
+    plain: Optional[PlainPlan] = None  # a plain step: the root alone, no tree
 
     @property
     def max_tree_depth(self) -> int:
@@ -86,6 +87,23 @@ def verify_mask_mode(backend, default) -> TreeMaskMode:
     if seams.loaded_instance(backend, seams.TRITON_ATTN_BACKEND):
         return TreeMaskMode.FULL_MASK
     return TreeMaskMode(int(default))
+
+
+def plain_verify_mask(batch, backend, mode: TreeMaskMode) -> torch.Tensor:
+    """The mask of a plain step's one-node trees, all visible (SGLang's rule in
+    ``_build_trivial_verify_input``): the backend's verify buffer filled when it owns one, else one
+    entry per request (``mode`` QLEN_ONLY*: one 1 x 1 block each) or, for FULL rows, ``seq_lens_sum
+    + bs`` entries (a request's row covers its prefix and its root; the sum read as
+    :func:`verify_mask` reads it)."""
+    verify_buffer = getattr(backend, "verify_mask", None)
+    bs = batch.seq_lens.shape[0]
+    if verify_buffer is not None and verify_buffer.fits(bs):
+        return verify_buffer.buffer.fill_(True)
+    size = bs
+    if mode == TreeMaskMode.FULL_MASK:
+        size += batch.seq_lens_sum if batch.seq_lens_sum is not None else int(batch.seq_lens.sum())
+    dtype = torch.uint8 if mode == TreeMaskMode.QLEN_ONLY_BITPACKING else torch.bool  # bit 0: the root itself
+    return torch.ones(size, dtype=dtype, device=batch.seq_lens.device)
 
 
 def verify_mask(layout: VerifyLayout, batch, backend, default: TreeMaskMode) -> torch.Tensor:
@@ -128,14 +146,21 @@ class GraftDraftWorker(EagleDraftWorker):
             self.speculative_num_draft_tokens = num_nodes
 
     def draft(self, batch, *, with_topology: bool = False):
-        """GRAFT's draft step: retrieve under each root, draft while a level pays, build the tree."""
+        """GRAFT's draft step: retrieve under each root, draft while a level pays, build the tree;
+        or, when the step is decided plain, the roots alone."""
         if with_topology:
             raise seams.EAGLE_DRAFT_WORKER.error("draft(with_topology=True) is pipeline parallelism, which GRAFT refuses")
         if batch.forward_mode.is_idle():
             self.runner.run(self, batch, None)  # SGLang's idle draft (collectives stay in step)
             return GraftVerifyInput.create_idle_input(self.topk, self.speculative_num_steps,
                                                       self.speculative_num_draft_tokens, self.device)
-        plan = self._begin(batch)  # 1. retrieval proposals under each root, valued: the plan
+        rids = [r.rid for r in batch.reqs]
+        root_tokens = batch.spec_info.bonus_tokens.to(torch.int64)  # SGLang's name for the last committed tokens
+        self._prepare_retrieval(rids, root_tokens)
+        plain = self.context.stepper.plain_plan(rids)  # 0. a plain step: verify the root alone
+        if plain is not None:
+            return self._plain_verify_input(plain, root_tokens, batch)
+        plan = self._begin(rids, root_tokens, batch)  # 1. retrieval proposals under each root, valued: the plan
         drafted = self.runner.run(self, batch, plan)  # 2. draft passes while a level pays
         verify_input = self._build_verify_input(plan, drafted.pool, batch)  # 3. budget and tree
         if drafted.kv_loc_plan is not None:  # a planned chain KV window: verify and draft extend write it
@@ -143,10 +168,7 @@ class GraftDraftWorker(EagleDraftWorker):
             verify_input.prepared_out_cache_loc = drafted.kv_loc_plan.write_virtual
         return verify_input
 
-    def _begin(self, batch) -> StepPlan:
-        rids = [r.rid for r in batch.reqs]
-        root_tokens = batch.spec_info.bonus_tokens.to(torch.int64)  # SGLang's name for the last committed tokens
-        self._prepare_retrieval(rids, root_tokens)
+    def _begin(self, rids: list, root_tokens: torch.Tensor, batch) -> StepPlan:
         ring = self.context.retrieval.ring
         return self.context.stepper.begin(rids, root_tokens, ring.pending(batch.req_pool_indices) if ring is not None else None)
 
@@ -219,6 +241,20 @@ class GraftDraftWorker(EagleDraftWorker):
             seq_lens_cpu=None,
             draft_probs=None,
             graft_info=info,
+        )
+
+    def _plain_verify_input(self, plain: PlainPlan, root_tokens: torch.Tensor, batch) -> GraftVerifyInput:
+        """A plain step's verify input: each request's root alone (SGLang's one-node verify of its
+        zero-step mode, ``_build_trivial_verify_input``); verify writes its all-visible mask."""
+        bs = root_tokens.shape[0]
+        device = root_tokens.device
+        no_link = torch.full((bs, 1), -1, dtype=torch.int64, device=device)
+        return GraftVerifyInput(
+            draft_token=root_tokens, custom_mask=None, positions=batch.seq_lens.to(torch.int64),
+            retrieve_index=torch.arange(bs, dtype=torch.int64, device=device)[:, None],
+            retrieve_next_token=no_link, retrieve_next_sibling=no_link.clone(), retrieve_cum_len=None,
+            spec_steps=self.speculative_num_steps, topk=self.topk, draft_token_num=1, capture_hidden_mode=None,
+            seq_lens_sum=None, seq_lens_cpu=None, draft_probs=None, plain=plain,
         )
 
     def _prepare_retrieval(self, rids: list, root_tokens: torch.Tensor) -> None:

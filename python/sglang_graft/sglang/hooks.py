@@ -25,7 +25,8 @@ from sglang_graft.sglang import seams
 
 # Keys the worker emits per verify step (``customized_info``); the tokenizer side turns them into
 # totals. Kept in SGLang's per-request accumulator under a prefix, out of meta_info.
-STEP_KEYS = ("graft_stage", "graft_draft_accepted", "graft_retrieved_accepted", "graft_proposed", "graft_verify")
+STEP_KEYS = ("graft_stage", "graft_draft_accepted", "graft_retrieved_accepted", "graft_proposed", "graft_verify",
+             "graft_plain")
 _ACC = "graft_steps:"
 
 
@@ -122,7 +123,8 @@ def aggregate_steps(steps: dict) -> dict:
     Example: ``{"graft_stage": [0, 2, 2], "graft_draft_accepted": [1, 0, 3],
     "graft_retrieved_accepted": [0, 4, 0], "graft_proposed": [3, 15, 7], "graft_verify": ["greedy"] * 3}``
     gives ``{"graft_draft_accepted": 4, "graft_retrieved_accepted": 4, "graft_proposed": 25,
-    "graft_stage_histogram": [1, 0, 2], "graft_verify": "greedy"}``.
+    "graft_stage_histogram": [1, 0, 2], "graft_plain_steps": 0, "graft_verify": "greedy"}``. A plain
+    step (``graft_plain``: the root verified alone, no tree) counts in ``graft_plain_steps`` only.
     """
     stages = Counter(steps.get("graft_stage", []))
     out = {
@@ -130,6 +132,7 @@ def aggregate_steps(steps: dict) -> dict:
         "graft_retrieved_accepted": int(sum(steps.get("graft_retrieved_accepted", []))),
         "graft_proposed": int(sum(steps.get("graft_proposed", []))),
         "graft_stage_histogram": [stages.get(s, 0) for s in range(max(stages, default=-1) + 1)],
+        "graft_plain_steps": len(steps.get("graft_plain", [])),
     }
     modes = steps.get("graft_verify", [])
     if modes:

@@ -3,6 +3,11 @@
 SGLang's ``EAGLEWorkerV2.forward_batch_generation`` drives every step, unchanged. GRAFT's decode
 step, per batch (the decisions live in :mod:`sglang_graft.engine.step`):
 
+0. **plain or speculative** (``stepper.plain_plan``, before any other work): when the cost model
+   says the batch gains nothing from speculation, the step is a decode step: the target verifies
+   each root alone (``N = 1``), the committed token reaches the stores, SGLang's draft extend runs;
+   no retrieval, draft pass, tree or feed;
+
 1. **retrieve** (``GraftDraftWorker.draft`` -> ``stepper.begin``): proposals under each
    request's root, valued; the step's plan;
 2. **draft** (``draft_runner.EagerDraftRunner``): SGLang's own EAGLE-3 loop, one level at a time
@@ -45,10 +50,10 @@ from sglang_graft.sglang import sampling, seams
 from sglang_graft.sglang.attention_kernels import COUNT_ENV, AttentionKernelCounter
 from sglang_graft.sglang.metrics import maybe_prometheus
 from sglang_graft.sglang.draft_worker import (
-    GraftContext, GraftDraftWorker, GraftVerifyInput, verify_mask, verify_mask_mode,
+    GraftContext, GraftDraftWorker, GraftVerifyInput, plain_verify_mask, verify_mask, verify_mask_mode,
 )
 from sglang_graft.engine.retrieval_state import GraftRetrieval
-from sglang_graft.engine.step import GraftStepper, StepPlan
+from sglang_graft.engine.step import GraftStepper, PlainPlan, StepPlan
 from sglang_graft.engine.tp_check import TreeHashCheck
 from sglang_graft.tree import HostReadCounter, warm_up_graft_kernels
 
@@ -236,8 +241,11 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 mode = verify_mask_mode(backend, self._draft_worker.tree_mask_mode)
                 key = f"{type(backend).__name__}:{mode.name}"
                 self.mask_modes[key] = self.mask_modes.get(key, 0) + 1
-                verify_input.custom_mask = verify_mask(verify_input.graft_info.layout, batch, backend,
-                                                       self._draft_worker.tree_mask_mode)
+                if verify_input.plain is not None:  # one node: all visible, in either layout
+                    verify_input.custom_mask = plain_verify_mask(batch, backend, mode)
+                else:
+                    verify_input.custom_mask = verify_mask(verify_input.graft_info.layout, batch, backend,
+                                                           self._draft_worker.tree_mask_mode)
         sampling_on_cpu = is_cpu() and not idle and not batch.sampling_info.is_all_greedy
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.stepper.timer.phase("verify"))
@@ -262,9 +270,24 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 finalize_tree_path=True,
                 grammar_barrier=grammar_barrier,
             )
-        if not idle:
+        if not idle and verify_input.plain is not None:
+            self._commit_plain(batch, verify_input.plain, result)
+        elif not idle:
             self._feed(batch, verify_input, result, "greedy" if batch.sampling_info.is_all_greedy else "sampling")
         return result
+
+    def _commit_plain(self, batch, plain: PlainPlan, result) -> None:
+        """A plain step's one committed token per request -> stores (as a prefill's sampled token)."""
+        rids = plain.rids
+        self._verified = (plain, len(rids))
+        self.retrieval.counters.plain_request_steps += len(rids)
+        tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
+        if self.sync_free:
+            self.retrieval.ring.record(rids, batch.req_pool_indices, StepOutcome(tokens, torch.ones_like(tokens[:, 0])))
+            return
+        self.retrieval.commit(rids, tokens.tolist())  # one device-to-host copy for the batch
+        lo = result.logits_output
+        lo.customized_info = {**(lo.customized_info or {}), "graft_plain": [1] * len(rids)}
 
     def _feed(self, batch, vi: GraftVerifyInput, result, verify_mode: str) -> None:
         """Committed tokens -> stores, verify logits -> recycling matrix, accepted nodes ->
