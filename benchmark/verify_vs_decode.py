@@ -11,6 +11,12 @@ each server in turn, one request at a time. Per server and context, the median o
 * ``verify_ms`` (GRAFT): the verify phase of GRAFT's step timer per step (target forward,
   acceptance, commit).
 
+``--plain-steps`` adds a GRAFT server with the cost-aware defaults whose every decode step is plain
+(the root verified alone, no retrieval, draft or tree): a ``sitecustomize`` on its ``PYTHONPATH``
+prices speculation out (a verified node costs 10 s) and turns off exploring steps and probes, so
+after the first step (which explores ``N = 1``) the server measures what a plain step costs against
+a decode step; its plain-step count is reported beside.
+
     python benchmark/verify_vs_decode.py --budgets 2 4 8 --rounds 3 --json out/verify_vs_decode.json
 """
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -27,8 +34,32 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "models"))
 
+import requests  # noqa: E402
 from local_server import SGLangServer  # noqa: E402
 from profile_verify import DEFAULT_HEAD, graft_args, prompts, step_time, timed  # noqa: E402
+
+
+# Every decode step plain: speculation priced out, no exploring step, no probe (benchmark only).
+PLAIN_SHIM = """
+from sglang_graft.engine import budget, step
+
+_step = budget.StepCost.step
+
+
+def _priced_out(self, *, bs, num_nodes, passes, plain=False):
+    return _step(self, bs=bs, num_nodes=num_nodes, passes=passes, plain=plain) + 10.0 * (num_nodes - 1 + passes)
+
+
+budget.StepCost.step = _priced_out
+step.GraftStepper.EXPLORE_EVERY = 10 ** 9
+step.GraftStepper.PROBE_EVERY = 10 ** 9
+"""
+
+
+def plain_steps_env(directory: Path) -> dict:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sitecustomize.py").write_text(PLAIN_SHIM)
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH", "")) if p)}
 
 
 def measure(servers: dict, ids: dict, new: int, rounds: int) -> dict:
@@ -56,12 +87,17 @@ def measure(servers: dict, ids: dict, new: int, rounds: int) -> dict:
 def render(report: dict, lengths: dict) -> str:
     lines = ["| context | plain decode ms | N | GRAFT step ms (/ decode) | verify ms (/ decode) |", "|---|---|---|---|---|"]
     for ctx, row in report.items():
+        if ctx not in lengths:
+            continue
         decode = row["plain"]["step_ms"]
         for name, r in row.items():
             if name == "plain":
                 continue
-            lines.append(f"| {ctx} ({lengths[ctx]} tok) | {decode} | {name[1:]} | {r['step_ms']} ({r['step_ms'] / decode:.2f}x) | "
+            n = name[1:] if name.startswith("N") else name
+            lines.append(f"| {ctx} ({lengths[ctx]} tok) | {decode} | {n} | {r['step_ms']} ({r['step_ms'] / decode:.2f}x) | "
                          f"{r['verify_ms']} ({r['verify_ms'] / decode:.2f}x) |")
+    if "plain_steps_economy" in report:
+        lines.append(f"\nplain-steps server: {json.dumps(report['plain_steps_economy'])}")
     return "\n".join(lines)
 
 
@@ -73,6 +109,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--long-tokens", type=int, default=1500)
+    ap.add_argument("--plain-steps", action="store_true", help="add a GRAFT server whose every step is plain")
     ap.add_argument("--json", type=Path, default=HERE / "out" / "verify_vs_decode.json")
     args = ap.parse_args()
     from transformers import AutoTokenizer
@@ -88,9 +125,17 @@ def main() -> None:
         for n in args.budgets:
             servers[f"N{n}"] = stack.enter_context(
                 SGLangServer(model, graft_args(args.draft, n), log_path=logs / f"graft-N{n}.log"))
+        if args.plain_steps:
+            servers["plain-steps"] = stack.enter_context(SGLangServer(
+                model, ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(args.draft)],
+                log_path=logs / "graft-plain-steps.log", env=plain_steps_env(logs / "plain-steps-shim")))
         for srv in servers.values():
             srv.generate_ids(ids["short"][:8], 4)  # warm up
         report = measure(servers, ids, args.new_tokens, args.rounds)
+        if args.plain_steps:
+            economy = requests.get(servers["plain-steps"].url + "/server_info", timeout=60).json()[
+                "internal_states"][0]["graft"]["economy"]
+            report["plain_steps_economy"] = {k: economy[k] for k in ("steps", "plain_steps", "budget_histogram")}
     lengths = {ctx: len(p) for ctx, p in ids.items()}
     args.json.write_text(json.dumps({"report": report, "prompt_tokens": lengths, "rounds": args.rounds,
                                      "new_tokens": args.new_tokens}, indent=1))

@@ -257,11 +257,13 @@ class Engine:
     ``owner.method`` -> a function giving a result in the recorded layout, for results whose
     layout changed; ``renames``: dataclass name -> ``{recorded field: today's field}``, applied to
     the recording; ``added``: dataclass name -> fields today's class has and the recording lacks
-    (left out of the comparison)."""
+    (left out of the comparison); ``timer_added``: values appended to the step timer's recorded
+    payloads (fields the payload gained since the recording, with the value every recorded step
+    had)."""
 
     def __init__(self, make_retrieval: Callable, make_stepper: Callable, classes: dict, calls: dict | None = None,
                  results: dict | None = None, final_state: Callable | None = None,
-                 renames: dict | None = None, added: dict | None = None) -> None:
+                 renames: dict | None = None, added: dict | None = None, timer_added: tuple = ()) -> None:
         self.make_retrieval = make_retrieval
         self.make_stepper = make_stepper
         self.classes = classes
@@ -270,6 +272,7 @@ class Engine:
         self.final_state = final_state
         self.renames = renames or {}
         self.added = added or {}
+        self.timer_added = tuple(timer_added)
 
 
 def _renamed(x: Any, renames: dict, drop: dict | None = None) -> Any:
@@ -284,17 +287,23 @@ def _renamed(x: Any, renames: dict, drop: dict | None = None) -> Any:
 
 
 class _ReplayTimer:
-    def __init__(self, timer, recorded: list) -> None:
+    def __init__(self, timer, recorded: list, added: tuple = ()) -> None:
         self.timer = timer
         self.recorded = recorded
+        self.added = added
+
+    def _extended(self, payload):
+        return payload if payload is None or not self.added else [*payload, *self.added]
 
     def end(self, payload=None):
         if not self.recorded:
             raise AssertionError("the replay read the step timer more often than the recording")
         want_payload, observed = self.recorded.pop(0)
+        want_payload = self._extended(want_payload)
         if differences(plain(payload), want_payload):
             raise AssertionError(f"timer.end payload {payload!r}, recorded {want_payload!r}")
-        return _rebuild(observed, {})
+        return [(phases, None if step is None else tuple(self._extended(step)))
+                for phases, step in _rebuild(observed, {})]
 
     def __getattr__(self, name):
         return getattr(self.timer, name)
@@ -348,7 +357,7 @@ def replay(events: list[dict], engine: Engine) -> dict:
         if call == "stepper.__init__":
             args = _rebuild(event["args"], engine.classes, live)
             stepper = engine.make_stepper(*args, **_rebuild(event["kwargs"], engine.classes, live))
-            stepper.timer = _ReplayTimer(stepper.timer, timer_events)
+            stepper.timer = _ReplayTimer(stepper.timer, timer_events, engine.timer_added)
             live["stepper"], live["stats"] = stepper, stepper.stats
             continue
         args = _rebuild(event["args"], engine.classes, live)

@@ -34,8 +34,11 @@ import requests
 from server_utils import SGLangServer
 
 VOCAB = 4096
+# Plain steps off: every decode step verifies a tree, so the edges below meet the speculative commit
+# (the tiny random head rarely pays for a tree, and the cost-aware step would verify most roots alone;
+# a plain step's commit is SGLang's one-node verify, the N = 1 step these tests served before)
 GRAFT_ARGS = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
-              "--max-running-requests", "32"]
+              "--max-running-requests", "32", "--no-speculative-graft-plain-steps"]
 
 
 @pytest.fixture(scope="module")

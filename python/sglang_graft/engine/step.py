@@ -188,14 +188,14 @@ class GraftStepper:
 
         Nothing is measured in a plain step, so after :data:`PROBE_EVERY` plain steps in a row a
         speculative step measures the batch again; an exploring step for ``N = 1`` is plain. Cost
-        mode only, with 1 among the budgets, and not sync-free (whose speculative steps take their
+        mode only (``--speculative-graft-plain-steps``, on by default), with 1 among the budgets, and not sync-free (whose speculative steps take their
         budget from the newest known step: a probe would repeat the plain step's choice and measure
         nothing). The inputs are the same on every tensor-parallel rank.
 
         Example: budgets 1 / 4, the newest speculative step expected 1.0 / 1.3 tokens per request,
         bs 8: plain 8 tokens in 0.10 s against N = 4's 10.4 in 0.16 s: plain.
         """
-        if not self.cost_aware or self.sync_free or self.budgets[0] != 1:
+        if not self.cost_aware or not self.cfg.plain_steps or self.sync_free or self.budgets[0] != 1:
             return None
         explore_k = self.explore_index()
         if explore_k is not None:
