@@ -271,20 +271,18 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 grammar_barrier=grammar_barrier,
             )
         if not idle and verify_input.plain is not None:
-            self._commit_plain(batch, verify_input.plain, result)
+            self._commit_plain(verify_input.plain, result)
         elif not idle:
             self._feed(batch, verify_input, result, "greedy" if batch.sampling_info.is_all_greedy else "sampling")
         return result
 
-    def _commit_plain(self, batch, plain: PlainPlan, result) -> None:
-        """A plain step's one committed token per request -> stores (as a prefill's sampled token)."""
+    def _commit_plain(self, plain: PlainPlan, result) -> None:
+        """A plain step's one committed token per request -> stores (never sync-free: see
+        ``GraftStepper.plain_plan``)."""
         rids = plain.rids
         self._verified = (plain, len(rids))
         self.retrieval.counters.plain_request_steps += len(rids)
         tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
-        if self.sync_free:
-            self.retrieval.ring.record(rids, batch.req_pool_indices, StepOutcome(tokens, torch.ones_like(tokens[:, 0])))
-            return
         self.retrieval.commit(rids, tokens.tolist())  # one device-to-host copy for the batch
         lo = result.logits_output
         lo.customized_info = {**(lo.customized_info or {}), "graft_plain": [1] * len(rids)}
