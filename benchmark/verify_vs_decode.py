@@ -46,8 +46,9 @@ from sglang_graft.engine import budget, step
 _step = budget.StepCost.step
 
 
-def _priced_out(self, *, bs, num_nodes, passes, plain=False):
-    return _step(self, bs=bs, num_nodes=num_nodes, passes=passes, plain=plain) + 10.0 * (num_nodes - 1 + passes)
+def _priced_out(self, *, bs, num_nodes, passes, plain=False, context=0):
+    return (_step(self, bs=bs, num_nodes=num_nodes, passes=passes, plain=plain, context=context)
+            + 10.0 * (num_nodes - 1 + passes))
 
 
 budget.StepCost.step = _priced_out

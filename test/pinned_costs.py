@@ -17,7 +17,7 @@ from pathlib import Path
 
 # Seconds: a step of ``bs`` requests verifying ``N`` nodes each after ``passes`` draft passes costs
 # fixed * bs + passes * (pass + pass_per_request * bs) + verify + verify_per_token * bs * N
-# (a plain step: no fixed part)
+# (a plain step: no fixed part; the batch's context is not priced)
 # (about a tiny float32 model's shape on 2 CPU cores: a draft pass a quarter of a 1-token verify).
 TABLE = {"fixed": 0.002, "pass": 0.010, "pass_per_request": 0.002, "verify": 0.040, "verify_per_token": 0.003}
 
@@ -25,7 +25,7 @@ _SHIM = '''
 def _pin_step_costs(t={table!r}):
     from sglang_graft.engine import budget
 
-    def step(self, *, bs, num_nodes, passes, plain=False):
+    def step(self, *, bs, num_nodes, passes, plain=False, context=0):
         return ((0.0 if plain else t["fixed"] * bs) + passes * (t["pass"] + t["pass_per_request"] * bs)
                 + t["verify"] + t["verify_per_token"] * bs * num_nodes)
 

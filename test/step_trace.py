@@ -38,8 +38,8 @@ TRACE_ENV = "GRAFT_TEST_STEP_TRACE"  # the file a server process writes its trac
 RECORDED = {
     "GraftRetrieval": ("admit", "check_admitted", "rows_needing_root", "add_roots", "release", "scope_index",
                        "proposal_width", "use_ring", "drain", "commit", "learn"),
-    "GraftStepper": ("begin", "observe", "keep_drafting", "build", "node_bins", "levels_used", "feedback",
-                     "end_step"),
+    "GraftStepper": ("plain_plan", "begin", "observe", "keep_drafting", "build", "node_bins", "levels_used",
+                     "feedback", "end_step"),
     "CommitRing": ("pending", "record"),
     "StepStats": ("check",),
 }
@@ -64,6 +64,8 @@ def plain(x: Any, refs: dict | None = None) -> Any:
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return {"__type__": type(x).__name__,
                 **{f.name: plain(getattr(x, f.name), refs) for f in dataclasses.fields(x)}}
+    if type(x).__name__ == "HostOutcome":  # a packed host array read through properties
+        return {"__type__": "HostOutcome", "packed": x.packed.copy(), "width": x.width}
     if isinstance(x, tuple) and hasattr(x, "_fields"):
         return {"__type__": type(x).__name__, **{k: plain(v, refs) for k, v in zip(x._fields, x)}}
     if isinstance(x, (list, tuple)):
@@ -141,6 +143,8 @@ class _Recorder:
         os.replace(tmp, self.path)
 
 
+# results later calls refer to by name: the step's plan (speculative or plain) and its tree
+_NAMED_RESULTS = {"plain_plan": "plan", "begin": "plan", "build": "step"}
 _OWNERS = {"GraftRetrieval": "retrieval", "GraftStepper": "stepper", "CommitRing": "ring", "StepStats": "stats"}
 
 
@@ -170,8 +174,8 @@ def _wrap(rec: _Recorder, cls: type, name: str) -> None:
             result = original(*args, **kwargs)
         finally:
             rec.local.depth = 0
-        if name in ("begin", "build"):  # the step's plan and tree: later calls refer to them
-            ref = "plan" if name == "begin" else "step"
+        if name in _NAMED_RESULTS and result is not None:  # the step's plan and tree: later calls refer to them
+            ref = _NAMED_RESULTS[name]
             event["result"] = plain(result, {k: v for k, v in rec.refs.items() if v != ref})
             rec.named[ref] = result
         elif name == "use_ring":
@@ -365,10 +369,10 @@ def replay(events: list[dict], engine: Engine) -> dict:
         fn = engine.calls.get(call)
         result = fn(live, *args, **kwargs) if fn is not None else getattr(live[owner], method)(*args, **kwargs)
         calls += 1
-        if method in ("begin", "build"):
+        if method in _NAMED_RESULTS and result is not None:
             got = _renamed(plain(result, {id(v): k for k, v in live.items() if k not in ("plan", "step")}), {},
                            engine.added)
-            live["plan" if method == "begin" else "step"] = result
+            live[_NAMED_RESULTS[method]] = result
             diffs += [f"event {i} {call}{d}" for d in differences(got, event["result"])]
             continue
         elif method == "use_ring":

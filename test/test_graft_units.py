@@ -203,14 +203,16 @@ def test_a_plain_step_runs_no_retrieval_draft_or_tree():
     worker.runner = SimpleNamespace(run=never)
     worker._begin = worker._build_verify_input = never
     worker._prepare_retrieval = lambda rids, roots: roots_added.append((rids, roots.tolist()))
-    worker.context = SimpleNamespace(stepper=SimpleNamespace(plain_plan=lambda rids: PlainPlan(rids), begin=never))
-    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")],
+    worker.context = SimpleNamespace(stepper=SimpleNamespace(
+        plain_plan=lambda rids, context: PlainPlan(rids, context=context), begin=never))
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a", seqlen=6), SimpleNamespace(rid="b", seqlen=12)],
                             forward_mode=SimpleNamespace(is_idle=lambda: False),
                             spec_info=SimpleNamespace(bonus_tokens=torch.tensor([7, 9], dtype=torch.int32)),
                             seq_lens=torch.tensor([5, 11]))
     vi = GraftDraftWorker.draft(worker, batch)
     assert roots_added == [(["a", "b"], [7, 9])]  # a request's first root still reaches its store
     assert vi.plain.rids == ["a", "b"] and vi.graft_info is None and vi.draft_token_num == 1
+    assert vi.plain.context == 18  # the batch's context tokens (Req.seqlen), which the cost model prices
     assert vi.draft_token.tolist() == [7, 9] and vi.positions.tolist() == [5, 11]
     assert vi.retrieve_index.tolist() == [[0], [1]]
     assert vi.retrieve_next_token.tolist() == vi.retrieve_next_sibling.tolist() == [[-1], [-1]]

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_graft.engine.budget import AcceptanceCalibration, StepCost, choose_budget, expected_tokens, path_values
+from sglang_graft.engine.budget import (AcceptanceCalibration, StepCost, choose_budget, expected_tokens,
+                                        fit_context_slope, path_values)
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.step import GraftStepper
@@ -39,7 +40,7 @@ def test_expected_tokens_is_one_plus_the_best_values(values, budgets):
 
 
 def test_cost_model_interpolates_and_extrapolates_published_buckets():
-    c = StepCost(alpha=1.0)
+    c = StepCost()
     assert c.verify(8) == 8.0  # no data: proportional
     c.observe(bs=1, num_nodes=1, verify_s=0.05, passes=2, draft_s=0.01, fixed_s=0.004)
     assert c.verify(8) == 8.0  # observed, not yet published
@@ -54,17 +55,22 @@ def test_cost_model_interpolates_and_extrapolates_published_buckets():
     assert c.step(bs=1, num_nodes=16, passes=2) == pytest.approx(0.004 + 0.01 + 0.11)
 
 
-def test_published_costs_are_the_average_over_ranks():
-    ranks = [StepCost(alpha=1.0), StepCost(alpha=1.0)]
-    ranks[0].observe(bs=1, num_nodes=4, verify_s=1.0, passes=0, draft_s=0.0, fixed_s=0.0)
-    ranks[1].observe(bs=1, num_nodes=4, verify_s=3.0, passes=0, draft_s=0.0, fixed_s=0.0)
-    ranks[1].observe(bs=1, num_nodes=64, verify_s=9.0, passes=0, draft_s=0.0, fixed_s=0.0)
+def _publish_over_ranks(ranks: list[StepCost]) -> None:
+    """Publish every rank's tables through a stand-in all-reduce (sum) of what each contributes."""
     contributions = []
     for r in ranks:  # what each rank puts into the collective
         r.publish(lambda t: contributions.append(t.clone()))
-    total = contributions[0] + contributions[1]
+    total = sum(contributions[1:], contributions[0])
     for r in ranks:  # the collective: every rank ends with the sum
         r.publish(lambda t: t.copy_(total))
+
+
+def test_published_costs_are_the_average_over_ranks():
+    ranks = [StepCost(), StepCost()]
+    ranks[0].observe(bs=1, num_nodes=4, verify_s=1.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    ranks[1].observe(bs=1, num_nodes=4, verify_s=3.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    ranks[1].observe(bs=1, num_nodes=64, verify_s=9.0, passes=0, draft_s=0.0, fixed_s=0.0)
+    _publish_over_ranks(ranks)
     assert ranks[0].as_dict() == ranks[1].as_dict()
     assert ranks[1].verify(4) == pytest.approx(2.0) and ranks[1].verify(64) == pytest.approx(9.0)
 
@@ -72,13 +78,13 @@ def test_published_costs_are_the_average_over_ranks():
 def test_verify_cost_is_kept_per_batch_shape():
     """16 tokens verified as 1 request x 16 nodes and as 16 requests x the root cost differently;
     the token curve mixes them, the cells keep each, and a cell moves along the curve."""
-    c = StepCost(budgets=(1, 2, 4, 8, 16), alpha=1.0)
+    c = StepCost(budgets=(1, 2, 4, 8, 16))
     c.observe(bs=1, num_nodes=16, verify_s=0.12, passes=0, draft_s=0.0, fixed_s=0.0)
     c.observe(bs=16, num_nodes=1, verify_s=0.30, passes=0, draft_s=0.0, fixed_s=0.0)
     c.observe(bs=1, num_nodes=1, verify_s=0.05, passes=0, draft_s=0.0, fixed_s=0.0)
     c.observe(bs=8, num_nodes=1, verify_s=0.15, passes=0, draft_s=0.0, fixed_s=0.0)
     c.publish()
-    assert c.verify(16) == pytest.approx(0.30)  # the curve: the newest shape at 16 tokens
+    assert c.verify(16) == pytest.approx(0.21)  # the curve: the median of both shapes at 16 tokens
     assert c.verify_at(1, 16) == pytest.approx(0.12) and c.verify_at(16, 1) == pytest.approx(0.30)
     # bs 12 shares bs 8's bucket: the cell (0.15 at bs 8) moved along the curve from 8 to 12 tokens
     assert c.verify_at(12, 1) == pytest.approx(0.15 * c.verify(12) / c.verify(8))
@@ -96,18 +102,117 @@ def test_verify_cost_is_kept_per_batch_shape():
 
 
 def test_published_cells_are_the_average_over_ranks():
-    ranks = [StepCost(budgets=(1, 4), alpha=1.0), StepCost(budgets=(1, 4), alpha=1.0)]
+    ranks = [StepCost(budgets=(1, 4)), StepCost(budgets=(1, 4))]
     ranks[0].observe(bs=8, num_nodes=4, verify_s=1.0, passes=0, draft_s=0.0, fixed_s=0.0)
     ranks[1].observe(bs=8, num_nodes=4, verify_s=3.0, passes=0, draft_s=0.0, fixed_s=0.0)
     ranks[1].observe(bs=2, num_nodes=1, verify_s=5.0, passes=0, draft_s=0.0, fixed_s=0.0)
-    contributions = []
-    for r in ranks:
-        r.publish(lambda t: contributions.append(t.clone()))
-    total = contributions[0] + contributions[1]
-    for r in ranks:
-        r.publish(lambda t: t.copy_(total))
+    _publish_over_ranks(ranks)
     assert ranks[0].as_dict() == ranks[1].as_dict()
     assert ranks[0].verify_at(8, 4) == pytest.approx(2.0) and ranks[0].verify_at(2, 1) == pytest.approx(5.0)
+
+
+def test_a_cost_is_the_median_of_its_newest_observations():
+    """A few steps slowed by something else on the machine move no prediction; a lasting change
+    moves it once it is most of the window."""
+    c = StepCost(budgets=(1, 4))
+    for secs in [0.10] * 6 + [1.0] * 3:  # three outliers among nine
+        c.observe(bs=1, num_nodes=4, verify_s=secs, passes=1, draft_s=secs / 10, fixed_s=secs / 100)
+    c.publish()
+    assert c.verify_at(1, 4) == pytest.approx(0.10) and c.draft_pass(1) == pytest.approx(0.01)
+    assert c.fixed(1) == pytest.approx(0.001)
+    for _ in range(5):  # the machine got slower: the newest nine are now mostly 0.2
+        c.observe(bs=1, num_nodes=4, verify_s=0.2, passes=0, draft_s=0.0, fixed_s=None)
+    c.publish()
+    assert c.verify_at(1, 4) == pytest.approx(0.2)
+
+
+def test_a_larger_budget_never_costs_less():
+    """Noise made N 16 look cheaper than N 4 (measured under load): the prediction stays monotone."""
+    c = StepCost(budgets=(1, 4, 16))
+    for n, secs in ((1, 0.10), (4, 0.298), (16, 0.186)):
+        c.observe(bs=8, num_nodes=n, verify_s=secs, passes=0, draft_s=0.0, fixed_s=0.0)
+    c.publish()
+    assert [c.verify_at(8, n) for n in (1, 4, 16)] == pytest.approx([0.10, 0.298, 0.298])
+    assert c.base_at(8, 16) == pytest.approx(0.186)  # the cell itself is kept as measured
+
+
+@settings(max_examples=40, deadline=None)
+@given(slope=st.floats(0.0, 1e-4), bases=st.lists(st.floats(0.01, 1.0), min_size=1, max_size=4),
+       seed=st.integers(0, 1000))
+def test_the_context_slope_is_recovered_within_shapes_despite_outliers(slope, bases, seed):
+    """Observations ``base(shape) + slope * work``, a few of them slowed tenfold: the fit recovers
+    the slope (shapes have their own bases, which must not leak into it)."""
+    rng = np.random.default_rng(seed)
+    groups = []
+    for base in bases:
+        work = rng.uniform(0, 4e4, size=9)
+        secs = base + slope * work
+        secs[rng.integers(0, 9)] *= 10  # one step in nine slowed by something else
+        groups.append(np.stack([secs, work], axis=1))
+    assert fit_context_slope(groups) == pytest.approx(slope, rel=1e-6, abs=1e-12)
+
+
+def test_the_worked_example_of_the_slope_fit():
+    assert fit_context_slope([np.array([[1.0, 100], [1.2, 300], [1.4, 500], [9.0, 200]])]) == pytest.approx(0.001)
+    assert fit_context_slope([np.array([[1.0, 100]])]) is None  # one observation: no slope
+    assert fit_context_slope([np.array([[1.0, 100], [0.5, 300]])]) == 0.0  # never negative
+
+
+def test_verify_cost_prices_context():
+    """The same batch shapes over 50 and 3000 tokens of context share their
+    bases, the fitted slope separates them, and a context never seen is priced by it."""
+    c = StepCost(budgets=(1, 4), context_term=True)
+    for context in (50, 3000, 50, 3000, 1000):
+        for n in (1, 4):
+            c.observe(bs=1, num_nodes=n, verify_s=0.05 + 0.002 * n + 2e-5 * context, passes=0,
+                      draft_s=0.0, fixed_s=0.0, context=context)
+    c.publish()
+    assert c.context_slope(1) == pytest.approx(2e-5) and c.context_slope(8) == pytest.approx(2e-5)  # nearest
+    assert c.as_dict()["verify_s_per_context_token_by_bs"] == {1: pytest.approx(2e-5)}
+    assert c.verify_at(1, 4, context=6000) == pytest.approx(0.058 + 0.12)
+    assert c.step(bs=1, num_nodes=1, passes=0, context=10) == pytest.approx(0.052 + 2e-4)
+    off = StepCost(budgets=(1, 4), context_term=False)
+    for context in (50, 3000, 50, 3000, 1000):
+        off.observe(bs=1, num_nodes=1, verify_s=0.05 + 2e-5 * context, passes=0, draft_s=0.0, fixed_s=0.0,
+                    context=context)
+    off.publish()
+    assert off.context_slope(1) == 0.0 and off.verify_at(1, 1, context=10 ** 6) == pytest.approx(0.05 + 2e-5 * 1000)
+
+
+def test_close_contexts_do_not_inform_the_slope():
+    """Steps of one request a few tokens apart differ by noise, not context: no slope from them."""
+    c = StepCost(budgets=(1,), context_term=True)
+    for i, secs in enumerate((0.10, 0.13, 0.09, 0.12, 0.10)):
+        c.observe(bs=1, num_nodes=1, verify_s=secs, passes=0, draft_s=0.0, fixed_s=0.0, context=3000 + i)
+    c.publish()
+    assert c.context_slope(1) == 0.0 and c.verify_at(1, 1, context=3002) == pytest.approx(0.10)
+
+
+def test_the_step_prices_its_batch_context():
+    """The batch's context tokens reach every cost the step reads (plain plan, draft depth, budget)."""
+    s = _stepper("cost", budgets=(1, 2, 4, 8), topk=1, steps=8)
+    _teach_costs(s, {1: 0.05, 2: 0.06, 4: 0.07, 8: 0.09}, pass_s=0.001)
+    seen = []
+    step = s.cost.step
+    s.cost.step = lambda **kw: seen.append(kw["context"]) or step(**kw)
+    s.recent = ([1.0, 1.5, 2.0, 2.5], 1)
+    s.plain_plan(["a"], context=777)
+    plan = s.begin(["a"], torch.full((1,), 3), context=777)
+    pool = chain_pool(torch.full((1, 8), 5), torch.full((1, 8), 0.99))
+    while s.keep_drafting(plan, pool):
+        pass
+    s.build(plan, pool, torch.full((1,), 777))
+    assert plan.context == 777 and len(seen) >= 3 * len(s.budgets) and set(seen) == {777}
+
+
+def test_published_slope_is_the_average_over_ranks():
+    ranks = [StepCost(budgets=(4,), context_term=True), StepCost(budgets=(4,), context_term=True)]
+    for r, slope in zip(ranks, (1e-6, 3e-6)):
+        for context in (100, 2000):
+            r.observe(bs=1, num_nodes=4, verify_s=0.1 + slope * context, passes=0, draft_s=0.0, fixed_s=0.0,
+                      context=context)
+    _publish_over_ranks(ranks)
+    assert ranks[0].context_slope(1) == ranks[1].context_slope(1) == pytest.approx(2e-6)
 
 
 def _calibration() -> AcceptanceCalibration:

@@ -5,9 +5,9 @@ No SGLang imports; device-agnostic torch (the calibration tables live on the mod
 are updated without a host read).
 
 * :class:`StepCost` learns the seconds of a decode step's phases online from the worker's timer:
-  verify + draft extend as a function of the tokens verified in the batch ``T = bs * N``
-  (piecewise linear over power-of-two buckets, so a GPU's flat-then-linear curve and a CPU's
-  linear one are both represented), and one draft pass as a function of the batch size.
+  verify + draft extend by batch shape (batch size and budget ``N``, or the tokens verified
+  ``T = bs * N``) plus a fitted term in the batch's context tokens, and one draft pass by batch
+  size; every entry the median of its newest observations.
 * :class:`AcceptanceCalibration` maps node features to the probability that the node is accepted
   (on the accepted path), learned from verify results: draft nodes by their cumulative draft
   probability, retrieved nodes by the bins their source declares (``sam``: empirical path
@@ -37,89 +37,183 @@ __all__ = ["StepCost", "AcceptanceCalibration", "StepTimer", "expected_tokens", 
 
 
 # -- cost ----------------------------------------------------------------------------------------
+class _Rings:
+    """The newest ``window`` observations (``fields`` numbers each) of every cell of a ``shape``
+    grid, on the host."""
+
+    def __init__(self, shape: tuple[int, ...], window: int, fields: int) -> None:
+        self.window = window
+        self.data = np.zeros((*shape, window, fields))
+        self.count = np.zeros(shape, dtype=np.int64)
+
+    def add(self, index: tuple[int, ...], values: Sequence[float]) -> None:
+        self.data[index + (int(self.count[index]) % self.window,)] = values
+        self.count[index] += 1
+
+    def get(self, index: tuple[int, ...]) -> np.ndarray:
+        """``[n, fields]``: the cell's observations (``n <= window``, in no particular order)."""
+        return self.data[index][: min(int(self.count[index]), self.window)]
+
+    def filled(self) -> list[tuple[int, ...]]:
+        return [tuple(i) for i in np.argwhere(self.count > 0).tolist()]
+
+
+def fit_context_slope(groups: Sequence[np.ndarray], min_span: float = 0.0) -> Optional[float]:
+    """Seconds per token of context, from groups of ``[n, 2]`` (seconds, context) observations of
+    one batch shape each: the median over pairs of observations of one group of their slope
+    ``d seconds / d context`` (a Theil-Sen estimate: within a group the shape's own base cancels,
+    and while fewer than about 29 % of the steps were slowed by something else on the machine,
+    most pairs are clean and the median is theirs). Pairs closer than ``min_span`` tokens of context
+    are left out (their slope is the step-time noise over a few tokens). Never negative; None while
+    no pair is left.
+
+    Example: one group ``(1.0 s, 100), (1.2 s, 300), (1.4 s, 500), (9.0 s, 200)`` (the fourth
+    slowed): pair slopes 0.001, 0.001, 0.001 and 0.08, -0.078, -0.025; the median is 0.001.
+    """
+    slopes = []
+    for g in groups:
+        i, j = np.triu_indices(len(g), 1)
+        dw, ds = g[j, 1] - g[i, 1], g[j, 0] - g[i, 0]
+        ok = (dw != 0) & (np.abs(dw) >= min_span)
+        slopes.append(ds[ok] / dw[ok])
+    slope = np.concatenate(slopes or [np.zeros(0)])
+    if not len(slope):
+        return None
+    return max(0.0, float(np.median(slope)))
+
+
 class StepCost:
     """Predicted seconds of a step's phases, learned online.
 
-    ``verify_at(bs, N)``: target verify forward + acceptance + draft extend of a batch of ``bs``
-    requests verifying ``N`` nodes each; ``draft_pass(bs)``: one draft forward pass;
-    ``fixed(bs)``: everything else of a step (retrieval, tree build, SGLang's bookkeeping).
+    ``verify_at(bs, N, context)``: target verify forward + acceptance + draft extend of a batch of
+    ``bs`` requests verifying ``N`` nodes each over ``context`` tokens of context in all;
+    ``draft_pass(bs)``: one draft forward pass; ``fixed(bs)``: everything else of a step
+    (retrieval, tree build, SGLang's bookkeeping).
 
-    The verify seconds come from two tables. The *token curve* ``verify(T)`` is piecewise linear
-    in the tokens verified ``T = bs * N`` over power-of-two buckets (a GPU's flat-then-linear
-    curve and a CPU's linear one are both represented). It mixes batch shapes: 16 tokens may be
-    one request verifying 16 nodes or 8 requests verifying 2 each, and on a CPU the second costs
-    more (every request attends over its own context; the README's "Running GRAFT" section has a
-    measurement).
-    So each *batch-size bucket x budget* cell also keeps what that shape cost and the mean batch
-    size it was measured at; :meth:`verify_at` reads the cells and falls back to the curve.
+    **Context** (``context_term``). A verify reads every request's KV cache, so it costs a base for
+    its batch shape plus ``slope(bs) * context``, ``context`` the batch's tokens of context in all.
+    The slope is fitted per batch-size bucket within batch shapes (:func:`fit_context_slope`, over
+    the newest :data:`SLOPE_WINDOW` observations of each shape, pairs at least :data:`MIN_SPAN`
+    tokens apart); a bucket without one takes the nearest bucket's. The tables hold base seconds
+    (seconds less the context term, never below a tenth of the measured median). On a CPU a
+    3.2K-token context added about as much to a 1-node verify as to a 16-node one (0.08 -> 0.15 s
+    and 0.25 -> 0.32 s, SmolLM2-135M), so the term is per context token, not per verified node and
+    context token; replayed over served steps it predicts a step's verify time better than the
+    medians alone, above all at long context and in batches (``benchmark/cost_model_fit.py``,
+    README "Running GRAFT").
 
-    Observations update live tables (exponential moving averages); predictions read the published
-    tables, which :meth:`publish` refreshes from the live ones at steps every rank agrees on,
-    averaged over the tensor-parallel ranks, so every rank makes the same decisions from the same
-    numbers.
+    **Batch shapes.** The *token curve* ``verify(T)`` of base seconds is piecewise linear in the
+    tokens verified ``T = bs * N`` over power-of-two buckets (a GPU's flat-then-linear curve and a
+    CPU's linear one are both represented). It mixes batch shapes: 16 tokens may be one request
+    verifying 16 nodes or 8 requests verifying 2 each, and on a CPU the second costs more. So each
+    *batch-size bucket x budget* cell also keeps what that shape cost and the batch size it was
+    measured at; :meth:`verify_at` reads the cells and falls back to the curve. A larger budget
+    never costs less than a smaller one of the same batch (the prediction is monotone in ``N``).
+
+    **Noise.** Every table entry is the median of its newest :data:`WINDOW` observations: a step
+    slowed by something else on the machine moves no prediction (an exponential average moved by
+    a fifth of every outlier), and a lasting change moves it within five steps of that shape.
+
+    Observations update live rings; predictions read the published tables, which :meth:`publish`
+    refreshes from the rings at steps every rank agrees on, averaged over the tensor-parallel
+    ranks, so every rank makes the same decisions from the same numbers.
     """
 
     BUCKETS = 24  # tokens / batch sizes up to 2**23
+    WINDOW = 9  # observations a table entry is the median of
+    SLOPE_WINDOW = 64  # observations per batch shape the context slope is fitted to
+    MIN_SPAN = 256  # tokens of context two observations must differ by to inform the slope
 
-    def __init__(self, budgets: Sequence[int] = (), alpha: float = 0.2) -> None:
-        self.alpha = alpha
+    def __init__(self, budgets: Sequence[int] = (), window: int = WINDOW, context_term: bool = True) -> None:
         self.budgets = tuple(budgets)
-        # Host numbers (numpy): rows verify by tokens, draft pass by bs, fixed by bs; columns buckets.
-        self._live = np.zeros((3, self.BUCKETS))
-        self._live_seen = np.zeros((3, self.BUCKETS))
-        self._points_of: list[list[tuple[float, float]]] = [[], [], []]  # published (bucket, seconds)
-        # cells [bs bucket, budget index]: seconds and mean batch size (live), published as a dict
-        shape = (self.BUCKETS, len(self.budgets))
-        self._cell_s, self._cell_bs, self._cell_seen = np.zeros(shape), np.zeros(shape), np.zeros(shape)
-        self._cells: dict[tuple[int, int], tuple[float, float]] = {}  # published: (seconds, mean bs)
+        self.context_term = context_term
+        # rows: 0 verify by tokens, 1 draft pass by bs, 2 fixed by bs; each (seconds, context, bs)
+        self._rows = _Rings((3, self.BUCKETS), window, 3)
+        # cells [bs bucket, budget index]: (seconds, context, bs)
+        self._cells_live = _Rings((self.BUCKETS, len(self.budgets)), window, 3)
+        self._cells_history = _Rings((self.BUCKETS, len(self.budgets)), max(window, self.SLOPE_WINDOW), 3)
+        self._slopes: list[tuple[int, float]] = []  # published (bs bucket, seconds per context token)
+        self._points_of: list[list[tuple[int, float]]] = [[], [], []]  # published (bucket, base seconds)
+        self._cells: dict[tuple[int, int], tuple[float, float]] = {}  # published: (base seconds, median bs)
 
     @classmethod
     def bucket(cls, x: int) -> int:
         return min(cls.BUCKETS - 1, max(0, int(math.log2(max(1, x)))))
 
-    def _ema(self, table: np.ndarray, seen: np.ndarray, index, value: float) -> None:
-        table[index] = value if seen[index] == 0 else (1 - self.alpha) * table[index] + self.alpha * value
-
-    def _add(self, row: int, x: int, seconds: float) -> None:
-        b = self.bucket(x)
-        self._ema(self._live[row], self._live_seen[row], b, seconds)
-        self._live_seen[row, b] = 1.0
-
     def observe(self, *, bs: int, num_nodes: int, verify_s: float, passes: int, draft_s: float,
-                fixed_s: Optional[float]) -> None:
-        self._add(0, bs * num_nodes, verify_s)
+                fixed_s: Optional[float], context: int = 0) -> None:
+        """One step's measured phases: ``context`` tokens of context in the batch (sum over its
+        requests); ``fixed_s`` None for a plain step (no retrieval or tree work)."""
+        self._rows.add((0, self.bucket(bs * num_nodes)), (verify_s, float(context), float(bs)))
         if num_nodes in self.budgets:
-            cell = (self.bucket(bs), self.budgets.index(num_nodes))
-            self._ema(self._cell_s, self._cell_seen, cell, verify_s)
-            self._ema(self._cell_bs, self._cell_seen, cell, float(bs))
-            self._cell_seen[cell] = 1.0
+            cell, obs = (self.bucket(bs), self.budgets.index(num_nodes)), (verify_s, float(context), float(bs))
+            self._cells_live.add(cell, obs)
+            self._cells_history.add(cell, obs)
         if passes:
-            self._add(1, bs, draft_s / passes)
-        if fixed_s is not None:  # None: a plain step, which has no retrieval or tree work
-            self._add(2, bs, fixed_s)
+            self._rows.add((1, self.bucket(bs)), (draft_s / passes, 0.0, float(bs)))
+        if fixed_s is not None:
+            self._rows.add((2, self.bucket(bs)), (fixed_s, 0.0, float(bs)))
+
+    def _fit_slopes(self) -> np.ndarray:
+        """``[2, BUCKETS]``: this rank's context slope per batch-size bucket, and whether fitted."""
+        out = np.zeros((2, self.BUCKETS))
+        if not self.context_term:
+            return out
+        cells = self._cells_history
+        for b in range(self.BUCKETS):
+            slope = fit_context_slope([cells.get((b, k))[:, :2] for k in range(len(self.budgets))
+                                       if cells.count[b, k]], self.MIN_SPAN)
+            if slope is not None:
+                out[:, b] = slope, 1.0
+        return out
+
+    @staticmethod
+    def _nearest_of(points: Sequence[tuple[int, float]], b: int) -> Optional[float]:
+        return min(points, key=lambda kv: (abs(kv[0] - b), kv[0]))[1] if points else None
+
+    def _base(self, obs: np.ndarray, slopes: Sequence[tuple[int, float]]) -> float:
+        """Median base seconds of ``[n, 3]`` (seconds, context, bs) observations."""
+        slope = np.array([self._nearest_of(slopes, self.bucket(int(bs))) or 0.0 for bs in obs[:, 2]])
+        median = float(np.median(obs[:, 0]))
+        return max(float(np.median(obs[:, 0] - slope * obs[:, 1])), 0.1 * median)
 
     def publish(self, all_reduce_sum=None) -> None:
-        """Make the live tables the ones predictions read; with ``all_reduce_sum`` (a collective
-        summing a CPU tensor in place over the tensor-parallel ranks), the ranks' average."""
-        parts = [self._live * self._live_seen, self._live_seen, self._cell_s * self._cell_seen,
-                 self._cell_bs * self._cell_seen, self._cell_seen]
-        host = np.concatenate([p.ravel() for p in parts])
+        """Make the rings' medians the tables predictions read; with ``all_reduce_sum`` (a
+        collective summing a CPU tensor in place over the tensor-parallel ranks), the ranks'
+        average."""
+        fitted = self._fit_slopes()
+        local = [(b, float(fitted[0, b])) for b in range(self.BUCKETS) if fitted[1, b]]
+        rows = np.zeros((2, 3, self.BUCKETS))  # base seconds, seen
+        for r, b in self._rows.filled():
+            rows[:, r, b] = self._base(self._rows.get((r, b)), local), 1.0
+        cells = self._cells_live
+        table = np.zeros((3,) + cells.count.shape)  # base seconds, median bs, seen
+        for i in cells.filled():
+            obs = cells.get(i)
+            table[(slice(None),) + i] = self._base(obs, local), float(np.median(obs[:, 2])), 1.0
+        host = np.concatenate([(rows[0] * rows[1]).ravel(), rows[1].ravel(), (table[0] * table[2]).ravel(),
+                               (table[1] * table[2]).ravel(), table[2].ravel(), fitted[0] * fitted[1], fitted[1]])
         if all_reduce_sum is not None:
             all_reduce_sum(torch.from_numpy(host))  # in place: the tensor shares the host array
-        n = 3 * self.BUCKETS
+        n, m = 3 * self.BUCKETS, table[0].size
         total, seen = host[:n].reshape(3, -1), host[n: 2 * n].reshape(3, -1)
-        cell_s, cell_bs, cell_seen = (host[2 * n:].reshape(3, self.BUCKETS, len(self.budgets))
-                                      if self.budgets else np.zeros((3, self.BUCKETS, 0)))
+        cell_s, cell_bs, cell_seen = (host[2 * n + j * m: 2 * n + (j + 1) * m].reshape(table[0].shape) for j in range(3))
+        slope_sum, slope_seen = host[2 * n + 3 * m:].reshape(2, -1)
+        self._slopes = [(b, float(slope_sum[b] / slope_seen[b])) for b in range(self.BUCKETS) if slope_seen[b] > 0]
         self._points_of = [[(b, float(total[r, b] / seen[r, b])) for b in range(self.BUCKETS) if seen[r, b] > 0]
                            for r in range(3)]
         self._cells = {(b, k): (float(cell_s[b, k] / cell_seen[b, k]), float(cell_bs[b, k] / cell_seen[b, k]))
                        for b, k in zip(*(i.tolist() for i in np.nonzero(cell_seen)))}
 
+    def context_slope(self, bs: int) -> float:
+        """Seconds per token of context for a batch of ``bs`` (the nearest fitted bucket's; 0: none)."""
+        return self._nearest_of(self._slopes, self.bucket(bs)) or 0.0
+
     def _points(self, row: int) -> list[tuple[float, float]]:
         return [(2.0 ** b, y) for b, y in self._points_of[row]]
 
     def verify(self, tokens: float) -> float:
-        """The token curve: seconds to verify ``tokens`` in any batch shape (interpolated between
+        """The token curve: base seconds to verify ``tokens`` in any batch shape (interpolated between
         published buckets; beyond them, extrapolated linearly from the two nearest, never below
         the nearest)."""
         pts = self._points(0)
@@ -136,8 +230,21 @@ class StepCost:
         (x0, y0), (x1, y1) = pts[-2], pts[-1]
         return max(y1, y1 + (y1 - y0) * (t - x1) / (x1 - x0))
 
-    def verify_at(self, bs: int, num_nodes: int) -> float:
-        """Seconds to verify ``num_nodes`` per request for ``bs`` requests.
+    def verify_at(self, bs: int, num_nodes: int, context: int = 0) -> float:
+        """Seconds to verify ``num_nodes`` per request for ``bs`` requests over ``context`` tokens
+        of context in all: the base of the batch shape (:meth:`base_at`), never below that of a
+        smaller budget measured in this batch-size bucket, plus ``context_slope(bs) * context``.
+
+        Example: bases (bs 1) N 1 0.05 s, N 4 0.04 s (noise), slope 2e-5 s, context 3000:
+        ``verify_at(1, 4, 3000) = max(0.05, 0.04) + 2e-5 * 3000 = 0.11``.
+        """
+        b = self.bucket(bs)
+        measured = [n for k, n in enumerate(self.budgets) if n < num_nodes and (b, k) in self._cells]
+        base = max([self.base_at(bs, num_nodes)] + [self.base_at(bs, n) for n in measured])
+        return base + self.context_slope(bs) * context
+
+    def base_at(self, bs: int, num_nodes: int) -> float:
+        """Base seconds (no context) to verify ``num_nodes`` per request for ``bs`` requests.
 
         The cell of ``bs``'s bucket and this budget when measured; else, when another bucket
         measured this budget and a budget both buckets measured, this bucket's cost of that budget
@@ -146,7 +253,7 @@ class StepCost:
         is moved along the token curve from the batch size it was measured at to ``bs``.
 
         Example with made-up cells (bs 1, N 16) 0.12 s, (bs 1, N 1) 0.05 s, (bs 8, N 1) 0.15 s at bs 8:
-        ``verify_at(8, 16) = 0.15 * 0.12 / 0.05 = 0.36``.
+        ``base_at(8, 16) = 0.15 * 0.12 / 0.05 = 0.36``.
         """
         if num_nodes not in self.budgets:
             return self.verify(bs * num_nodes)
@@ -189,17 +296,20 @@ class StepCost:
     def fixed(self, bs: int) -> float:
         return self._nearest(2, bs)
 
-    def step(self, *, bs: int, num_nodes: int, passes: int, plain: bool = False) -> float:
-        """Predicted seconds of a step verifying ``num_nodes`` per request after ``passes`` draft
-        passes; ``plain``: a plain step (verify and draft extend only, no retrieval or tree work)."""
+    def step(self, *, bs: int, num_nodes: int, passes: int, plain: bool = False, context: int = 0) -> float:
+        """Predicted seconds of a step verifying ``num_nodes`` per request over ``context`` tokens
+        of context in all, after ``passes`` draft passes; ``plain``: a plain step (verify and draft
+        extend only, no retrieval or tree work)."""
         fixed = 0.0 if plain else self.fixed(bs)
-        return fixed + passes * self.draft_pass(bs) + self.verify_at(bs, num_nodes)
+        return fixed + passes * self.draft_pass(bs) + self.verify_at(bs, num_nodes, context)
 
     def as_dict(self) -> dict:
         names = ("verify_s_by_tokens", "draft_pass_s_by_bs", "fixed_s_by_bs")
         out = {name: {2 ** b: round(v, 6) for b, v in self._points_of[r]} for r, name in enumerate(names)}
         out["verify_s_by_bs_and_budget"] = {f"bs{2 ** b}/N{self.budgets[k]}": round(s, 6)
                                             for (b, k), (s, _) in sorted(self._cells.items())}
+        out["verify_s_per_context_token_by_bs"] = {2 ** b: float(f"{v:.4g}") for b, v in self._slopes}
+        out["median_of"] = self._rows.window
         return out
 
 

@@ -76,6 +76,7 @@ class StepPlan:
     planned_passes: Optional[int] = None  # sync-free: draft passes decided before the draft
     expected_rows: Optional[torch.Tensor] = None  # [bs, budgets] expected tokens per budget (cost mode)
     expected: Optional[float] = None  # host: the batch's expected tokens at the chosen budget (not sync-free)
+    context: int = 0  # host: tokens of context in the batch (sum over its requests), which the cost model prices
 
 
 @dataclass
@@ -89,6 +90,7 @@ class PlainPlan:
     explore: bool = False
     num_nodes: int = 1
     passes: int = 0
+    context: int = 0  # host: tokens of context in the batch
 
 
 @dataclass
@@ -179,11 +181,11 @@ class GraftStepper:
         return None
 
     # -- 0. before anything ----------------------------------------------------------------------
-    def plain_plan(self, rids: list) -> Optional[PlainPlan]:
+    def plain_plan(self, rids: list, context: int = 0) -> Optional[PlainPlan]:
         """Whether this decode step is plain (a :class:`PlainPlan`) or speculative (None), decided
         before any speculative work, from what is on the host: the newest speculative step's
         expected tokens per request of every budget (:attr:`recent`) scaled to this batch, against
-        the cost model, where the plain step costs its verify of the root and draft extend
+        the cost model at this batch's ``context`` (tokens of context in all), where the plain step costs its verify of the root and draft extend
         (``StepCost.step(plain=True)``: no retrieval, no tree, no draft pass).
 
         Nothing is measured in a plain step, so after :data:`PROBE_EVERY` plain steps in a row a
@@ -199,19 +201,20 @@ class GraftStepper:
             return None
         explore_k = self.explore_index()
         if explore_k is not None:
-            return PlainPlan(rids, explore=True) if explore_k == 0 else None
+            return PlainPlan(rids, explore=True, context=context) if explore_k == 0 else None
         if self.recent is None or self.plain_run >= self.PROBE_EVERY:
             return None
         bs = len(rids)
         per_request, passes = self.recent
         expected = [float(bs)] + [e * bs for e in per_request[1:]]
-        secs = [self.cost.step(bs=bs, num_nodes=1, passes=0, plain=True)] + [
-            self.cost.step(bs=bs, num_nodes=n, passes=passes) for n in self.budgets[1:]]
-        return PlainPlan(rids) if choose_budget(expected, secs) == 0 else None
+        secs = [self.cost.step(bs=bs, num_nodes=1, passes=0, plain=True, context=context)] + [
+            self.cost.step(bs=bs, num_nodes=n, passes=passes, context=context) for n in self.budgets[1:]]
+        return PlainPlan(rids, context=context) if choose_budget(expected, secs) == 0 else None
 
     # -- 1. before the draft ---------------------------------------------------------------------
-    def begin(self, rids: list, root_tokens: torch.Tensor, pending=None) -> StepPlan:
-        """Retrieval proposals under ``root_tokens [bs] int64``, valued: the step's plan.
+    def begin(self, rids: list, root_tokens: torch.Tensor, pending=None, context: int = 0) -> StepPlan:
+        """Retrieval proposals under ``root_tokens [bs] int64``, valued: the step's plan;
+        ``context``: tokens of context in the batch (the cost model prices them).
 
         ``pending``: sync-free, each request's path committed since its store's context ends
         (``([bs, W], [bs])``, see ``GraftRetrieval.propose_scored``)."""
@@ -234,7 +237,7 @@ class GraftStepper:
                         scopes=scopes, exit_depth=torch.full((bs,), self.num_steps - 1, dtype=torch.int64,
                                                              device=root_tokens.device),
                         stage=torch.full((bs,), len(self.checkpoints), dtype=torch.int64, device=root_tokens.device),
-                        explore=explore, explore_k=explore_k)
+                        explore=explore, explore_k=explore_k, context=context)
         if self.sync_free:
             plan.planned_passes = self._planned_passes(explore)
         return plan
@@ -314,8 +317,10 @@ class GraftStepper:
         if not host[0]:
             return False
         e_now, e_later = host[1: 1 + k], host[1 + k:]
-        rate_now = max(e / self.cost.step(bs=bs, num_nodes=n, passes=plan.passes) for e, n in zip(e_now, self.budgets))
-        rate_later = max(e / self.cost.step(bs=bs, num_nodes=n, passes=plan.passes + 1)
+        cost = self.cost.step
+        rate_now = max(e / cost(bs=bs, num_nodes=n, passes=plan.passes, context=plan.context)
+                       for e, n in zip(e_now, self.budgets))
+        rate_later = max(e / cost(bs=bs, num_nodes=n, passes=plan.passes + 1, context=plan.context)
                          for e, n in zip(e_later, self.budgets))
         return rate_later > rate_now
 
@@ -353,7 +358,7 @@ class GraftStepper:
         draft_values = self._draft_values(plan, pool)
         union = self._union_values(plan, pool, draft_values)
         plan.expected_rows = expected_tokens(union, self.budgets)
-        secs = [self.cost.step(bs=bs, num_nodes=n, passes=plan.passes) for n in self.budgets]
+        secs = [self.cost.step(bs=bs, num_nodes=n, passes=plan.passes, context=plan.context) for n in self.budgets]
         expected = None if self.sync_free else plan.expected_rows.sum(0).tolist()  # the one host read
         if plan.explore:
             k = plan.explore_k
@@ -411,12 +416,12 @@ class GraftStepper:
         its events have completed); counters. A plain step's times feed its verify cell only (its
         retrieval, tree and draft time are none, and would make a speculative step look cheaper)."""
         plain = isinstance(plan, PlainPlan)
-        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes, plain))
+        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes, plain, plan.context))
         for phases, step in observed:
             if step is not None:
-                b, n, passes, was_plain = step
+                b, n, passes, was_plain, context = step
                 self.cost.observe(bs=b, num_nodes=n, verify_s=phases["verify"] + phases["draft_extend"],
-                                  passes=passes, draft_s=phases["draft"],
+                                  passes=passes, draft_s=phases["draft"], context=context,
                                   fixed_s=None if was_plain else phases["retrieval"] + phases["tree"] + phases["other"])
         if plan is None:
             return

@@ -157,10 +157,11 @@ class GraftDraftWorker(EagleDraftWorker):
         rids = [r.rid for r in batch.reqs]
         root_tokens = batch.spec_info.bonus_tokens.to(torch.int64)  # SGLang's name for the last committed tokens
         self._prepare_retrieval(rids, root_tokens)
-        plain = self.context.stepper.plain_plan(rids)  # 0. a plain step: verify the root alone
+        context = seams.batch_context_tokens(batch.reqs)  # the cost model prices attention by it
+        plain = self.context.stepper.plain_plan(rids, context)  # 0. a plain step: verify the root alone
         if plain is not None:
             return self._plain_verify_input(plain, root_tokens, batch)
-        plan = self._begin(rids, root_tokens, batch)  # 1. retrieval proposals under each root, valued: the plan
+        plan = self._begin(rids, root_tokens, batch, context)  # 1. retrieval proposals under each root, valued: the plan
         drafted = self.runner.run(self, batch, plan)  # 2. draft passes while a level pays
         verify_input = self._build_verify_input(plan, drafted.pool, batch)  # 3. budget and tree
         if drafted.kv_loc_plan is not None:  # a planned chain KV window: verify and draft extend write it
@@ -168,9 +169,10 @@ class GraftDraftWorker(EagleDraftWorker):
             verify_input.prepared_out_cache_loc = drafted.kv_loc_plan.write_virtual
         return verify_input
 
-    def _begin(self, rids: list, root_tokens: torch.Tensor, batch) -> StepPlan:
+    def _begin(self, rids: list, root_tokens: torch.Tensor, batch, context: int) -> StepPlan:
         ring = self.context.retrieval.ring
-        return self.context.stepper.begin(rids, root_tokens, ring.pending(batch.req_pool_indices) if ring is not None else None)
+        pending = ring.pending(batch.req_pool_indices) if ring is not None else None
+        return self.context.stepper.begin(rids, root_tokens, pending, context=context)
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
         """SGLang's draft extend; a chain draft's first-level probability then replaces the 1.0

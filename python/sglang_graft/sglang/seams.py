@@ -297,6 +297,16 @@ def request_tokens(req: Any):
         getattr(ids, "typecode", None) == "q" else np.asarray(ids, dtype=np.int64)
 
 
+def batch_context_tokens(reqs) -> int:
+    """Tokens of context in a batch: the sum of its requests' ``Req.seqlen`` (prompt + output so
+    far; host lists, no device read). The step's cost model prices verify attention by it."""
+    try:
+        return sum(r.seqlen for r in reqs)
+    except AttributeError:
+        raise Seam("sglang.srt.managers.schedule_batch.Req.seqlen", "price a step's attention by its context") \
+            .error("missing") from None
+
+
 def request_tenant(req: Any) -> Optional[str]:
     """A request's tenant key for recycling scopes: its ``cache_salt`` (client-chosen; a deployment
     sets it at its gateway). Not ``extra_key``: SGLang folds the LoRA adapter id into it
