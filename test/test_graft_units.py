@@ -185,6 +185,14 @@ def test_per_step_counts_aggregate_per_request():
                                             "graft_plain_steps": 2, "graft_verify": "greedy"}
     assert hooks.aggregate_steps({}) == {"graft_draft_accepted": 0, "graft_retrieved_accepted": 0,
                                          "graft_proposed": 0, "graft_stage_histogram": [], "graft_plain_steps": 0}
+    # SGLang pads a key this request lacks, and another request of the output batch has, with None
+    # (a server once died here: sum() over a None when plain and speculative steps shared a batch)
+    padded = {"graft_stage": [None, 2, None], "graft_draft_accepted": [None, 3, None],
+              "graft_retrieved_accepted": [None, 0, None], "graft_proposed": [None, 7, None],
+              "graft_verify": [None, "greedy", None], "graft_plain": [1, None, 1]}
+    assert hooks.aggregate_steps(padded) == {"graft_draft_accepted": 3, "graft_retrieved_accepted": 0,
+                                             "graft_proposed": 7, "graft_stage_histogram": [0, 0, 1],
+                                             "graft_plain_steps": 2, "graft_verify": "greedy"}
 
 
 def test_a_plain_step_runs_no_retrieval_draft_or_tree():

@@ -125,7 +125,12 @@ def aggregate_steps(steps: dict) -> dict:
     gives ``{"graft_draft_accepted": 4, "graft_retrieved_accepted": 4, "graft_proposed": 25,
     "graft_stage_histogram": [1, 0, 2], "graft_plain_steps": 0, "graft_verify": "greedy"}``. A plain
     step (``graft_plain``: the root verified alone, no tree) counts in ``graft_plain_steps`` only.
+
+    ``None`` entries are skipped: SGLang pads a key one request of an output batch lacks with
+    ``None`` when another request of the batch has it (``graft_plain`` of a request whose steps were
+    all speculative beside one that had a plain step, and the tree keys the other way round).
     """
+    steps = {key: [v for v in values if v is not None] for key, values in steps.items()}
     stages = Counter(steps.get("graft_stage", []))
     out = {
         "graft_draft_accepted": int(sum(steps.get("graft_draft_accepted", []))),
