@@ -50,9 +50,11 @@ class _Rings:
         self.data[index + (int(self.count[index]) % self.window,)] = values
         self.count[index] += 1
 
-    def get(self, index: tuple[int, ...]) -> np.ndarray:
-        """``[n, fields]``: the cell's observations (``n <= window``, in no particular order)."""
-        return self.data[index][: min(int(self.count[index]), self.window)]
+    def get(self, index: tuple[int, ...], newest: Optional[int] = None) -> np.ndarray:
+        """``[n, fields]``: the cell's observations, the ``newest`` of them when given, newest first."""
+        count = int(self.count[index])
+        n = min(count, self.window, self.window if newest is None else newest)
+        return self.data[index][(count - 1 - np.arange(n)) % self.window]
 
     def filled(self) -> list[tuple[int, ...]]:
         return [tuple(i) for i in np.argwhere(self.count > 0).tolist()]
@@ -127,11 +129,12 @@ class StepCost:
     def __init__(self, budgets: Sequence[int] = (), window: int = WINDOW, context_term: bool = True) -> None:
         self.budgets = tuple(budgets)
         self.context_term = context_term
+        self.window = window
         # rows: 0 verify by tokens, 1 draft pass by bs, 2 fixed by bs; each (seconds, context, bs)
         self._rows = _Rings((3, self.BUCKETS), window, 3)
-        # cells [bs bucket, budget index]: (seconds, context, bs)
-        self._cells_live = _Rings((self.BUCKETS, len(self.budgets)), window, 3)
-        self._cells_history = _Rings((self.BUCKETS, len(self.budgets)), max(window, self.SLOPE_WINDOW), 3)
+        # cells [bs bucket, budget index]: (seconds, context, bs); the newest ``window`` give the
+        # cell's base, all of them the context slope
+        self._cells_live = _Rings((self.BUCKETS, len(self.budgets)), max(window, self.SLOPE_WINDOW), 3)
         self._slopes: list[tuple[int, float]] = []  # published (bs bucket, seconds per context token)
         self._points_of: list[list[tuple[int, float]]] = [[], [], []]  # published (bucket, base seconds)
         self._cells: dict[tuple[int, int], tuple[float, float]] = {}  # published: (base seconds, median bs)
@@ -146,9 +149,8 @@ class StepCost:
         requests); ``fixed_s`` None for a plain step (no retrieval or tree work)."""
         self._rows.add((0, self.bucket(bs * num_nodes)), (verify_s, float(context), float(bs)))
         if num_nodes in self.budgets:
-            cell, obs = (self.bucket(bs), self.budgets.index(num_nodes)), (verify_s, float(context), float(bs))
-            self._cells_live.add(cell, obs)
-            self._cells_history.add(cell, obs)
+            self._cells_live.add((self.bucket(bs), self.budgets.index(num_nodes)),
+                                 (verify_s, float(context), float(bs)))
         if passes:
             self._rows.add((1, self.bucket(bs)), (draft_s / passes, 0.0, float(bs)))
         if fixed_s is not None:
@@ -159,7 +161,7 @@ class StepCost:
         out = np.zeros((2, self.BUCKETS))
         if not self.context_term:
             return out
-        cells = self._cells_history
+        cells = self._cells_live
         for b in range(self.BUCKETS):
             slope = fit_context_slope([cells.get((b, k))[:, :2] for k in range(len(self.budgets))
                                        if cells.count[b, k]], self.MIN_SPAN)
@@ -189,7 +191,7 @@ class StepCost:
         cells = self._cells_live
         table = np.zeros((3,) + cells.count.shape)  # base seconds, median bs, seen
         for i in cells.filled():
-            obs = cells.get(i)
+            obs = cells.get(i, self.window)
             table[(slice(None),) + i] = self._base(obs, local), float(np.median(obs[:, 2])), 1.0
         host = np.concatenate([(rows[0] * rows[1]).ravel(), rows[1].ravel(), (table[0] * table[2]).ravel(),
                                (table[1] * table[2]).ravel(), table[2].ravel(), fitted[0] * fitted[1], fitted[1]])
@@ -309,7 +311,7 @@ class StepCost:
         out["verify_s_by_bs_and_budget"] = {f"bs{2 ** b}/N{self.budgets[k]}": round(s, 6)
                                             for (b, k), (s, _) in sorted(self._cells.items())}
         out["verify_s_per_context_token_by_bs"] = {2 ** b: float(f"{v:.4g}") for b, v in self._slopes}
-        out["median_of"] = self._rows.window
+        out["median_of"] = self.window
         return out
 
 
