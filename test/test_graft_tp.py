@@ -10,6 +10,7 @@ import concurrent.futures as cf
 import pytest
 import requests
 
+from pinned_costs import pinned_env
 from server_utils import SGLangServer
 from test_graft_server import NEW_TOKENS, _ids
 
@@ -36,16 +37,19 @@ def tp2_reference(tiny_models, server_logs):
 
 
 @pytest.mark.parametrize("sync_free", ["off", "on"])
-def test_graft_tp2_token_exact_with_the_tree_check(tiny_models, server_logs, monkeypatch, tp2_reference, sync_free):
+def test_graft_tp2_token_exact_with_the_tree_check(tiny_models, server_logs, monkeypatch, tp2_reference, sync_free,
+                                                  tmp_path):
     """``sync_free on``: both ranks take in the same lagged results at the same calls and re-root
-    along the same device paths, so their trees stay equal too."""
+    along the same device paths, so their trees stay equal too. Step costs pinned (retrieval must
+    be accepted whatever the machine's load)."""
     for k, v in TP2_ENV.items():
         monkeypatch.setenv(k, v)
     ids, ref = tp2_reference
     graft = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
              "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
              "--speculative-graft-tp-check", "1", "--speculative-graft-sync-free", sync_free, *TP2]
-    with SGLangServer(tiny_models["llama"], graft, log_path=server_logs / f"tp2-graft-{sync_free}.log") as srv:
+    with SGLangServer(tiny_models["llama"], graft, log_path=server_logs / f"tp2-graft-{sync_free}.log",
+                      env=pinned_env(tmp_path / "pinned")) as srv:
         outs = _concurrently(srv, ids)
         info = requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["graft"]
         log = srv.tail(10 ** 8)

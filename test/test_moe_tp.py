@@ -20,6 +20,7 @@ import time
 import pytest
 import requests
 
+from pinned_costs import pinned_env
 from server_utils import SGLangServer
 from test_graft_server import OTHER, REPETITIVE
 from test_graft_tp import TP2, TP2_ENV
@@ -77,9 +78,10 @@ def tp2_reference(tiny_models, server_logs, ids):
         return _sequential(srv, ids)
 
 
-def test_graft_moe_tp1_token_exact(tiny_models, server_logs, ids, tp1_reference):
+def test_graft_moe_tp1_token_exact(tiny_models, server_logs, ids, tp1_reference, tmp_path):
+    """Step costs pinned: retrieval must be accepted whatever the machine's load."""
     with SGLangServer(tiny_models["qwen3-moe"], _graft_args(tiny_models),
-                      log_path=server_logs / "moe-tp1-graft.log") as srv:
+                      log_path=server_logs / "moe-tp1-graft.log", env=pinned_env(tmp_path / "pinned")) as srv:
         outs = _sequential(srv, ids)
         together = _concurrent(srv, ids)
         graft = _graft_info(srv)

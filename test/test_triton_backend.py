@@ -12,6 +12,7 @@ import json
 import pytest
 import requests
 
+from pinned_costs import pinned_env
 from server_utils import SGLangServer
 
 pytestmark = pytest.mark.server
@@ -68,9 +69,10 @@ MODES = [
 
 @pytest.mark.parametrize("mode,extra,prompts", MODES, ids=[m for m, _, _ in MODES])
 def test_graft_verifies_through_the_triton_backend_token_exact(tiny_models, server_logs, reference, mode, extra,
-                                                               prompts):
+                                                               prompts, tmp_path):
     ids, ref = reference
-    env = {**TRITON_ENV, **({"SGLANG_GRAFT_COUNT_HOST_READS": "1"} if mode == "chain-sync-free" else {})}
+    env = {**TRITON_ENV, **pinned_env(tmp_path / "pinned"),  # costs pinned: an interpreted step is slow
+           **({"SGLANG_GRAFT_COUNT_HOST_READS": "1"} if mode == "chain-sync-free" else {})}
     with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, *extra),
                       log_path=server_logs / f"graft-triton-{mode}.log", env=env) as srv:
         with cf.ThreadPoolExecutor(len(prompts)) as pool:
