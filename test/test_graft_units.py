@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang_graft import config as gc
-from sglang_graft.sglang import algorithm, hooks, sampling
+from sglang_graft.sglang import algorithm, hooks, sampling, seams
 from sglang_graft.tree import target_probs_from_logits, verify_tree_sampling
 
 
@@ -193,6 +193,43 @@ def test_per_step_counts_aggregate_per_request():
     assert hooks.aggregate_steps(padded) == {"graft_draft_accepted": 3, "graft_retrieved_accepted": 0,
                                              "graft_proposed": 7, "graft_stage_histogram": [0, 0, 1],
                                              "graft_plain_steps": 2, "graft_verify": "greedy"}
+
+
+def test_a_failing_accounting_hook_stays_with_its_response(caplog, monkeypatch):
+    """The tokenizer manager runs every output through GRAFT's meta-info hooks in one loop; an
+    exception there (a malformed per-step value) is reported on that response and logged, and the
+    loop goes on (a server once died in this hook)."""
+    from types import SimpleNamespace
+
+    from sglang_graft.config import GraftConfig
+
+    manager = SimpleNamespace(server_args=SimpleNamespace(**{seams.GRAFT_CONFIG_ATTR: GraftConfig()}))
+    calls = []
+
+    def original(tm, meta_info, state, info, index):
+        calls.append(dict(info))
+        meta_info.update({k: v[index] for k, v in info.items()})
+
+    hook = hooks.isolated(hooks._update_meta_info)
+    good = {"graft_draft_accepted": [[2, 1]], "graft_retrieved_accepted": [[0, 3]], "graft_proposed": [[7, 7]],
+            "graft_stage": [[1, 2]], "graft_verify": [["greedy", "greedy"]], "other": ["x"]}
+    meta, state = {}, SimpleNamespace(customized_info_accumulated={})
+    assert hook(original, manager, meta, state, good, 0) is None
+    assert meta["graft_draft_accepted"] == 3 and meta["graft_retrieved_accepted"] == 3 and meta["other"] == "x"
+    assert hooks.ERROR_KEY not in meta
+    bad = {**good, "graft_draft_accepted": [["two", 1]]}  # sum() over a str raises TypeError
+    meta, state = {}, SimpleNamespace(customized_info_accumulated={})
+    with caplog.at_level("ERROR"):
+        assert hook(original, manager, meta, state, bad, 0) is None
+    assert meta["other"] == "x"  # SGLang's own keys still reach the response
+    assert meta[hooks.ERROR_KEY].startswith("_update_meta_info: TypeError"), meta
+    assert "graft_draft_accepted" not in meta
+    assert any(hooks.ERROR_KEY in r.getMessage() for r in caplog.records)
+    # the spec-metrics hook: a non-numeric count is reported the same way
+    monkeypatch.setattr(hooks, "_serving_graft", lambda: True)
+    meta = {"spec_num_proposed_drafts": 10, "graft_proposed": "7", "spec_num_correct_drafts": 3}
+    hooks.isolated(hooks._spec_metrics_as_verified)(None, manager, meta)
+    assert meta[hooks.ERROR_KEY].startswith("_spec_metrics_as_verified: TypeError"), meta
 
 
 def test_a_plain_step_runs_no_retrieval_draft_or_tree():

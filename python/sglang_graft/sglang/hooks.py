@@ -9,11 +9,13 @@ scheduler down with a 400 (a prompt that tokenizes to nothing, token ids outside
 ``top_logprobs_num`` above the vocabulary size or a negative one, a ``logprob_start_len`` below
 -1); report GRAFT's per-step counts as per-request totals unless
 ``--speculative-graft-per-step-metrics`` is on, and SGLang's proposed-draft count and accept rate
-as the nodes GRAFT verified.
+as the nodes GRAFT verified (both :func:`isolated`: a failure there is reported on the one
+response, not fatal to the tokenizer manager).
 """
 from __future__ import annotations
 
 import functools
+import logging
 import operator
 import socket
 import time
@@ -28,6 +30,35 @@ from sglang_graft.sglang import seams
 STEP_KEYS = ("graft_stage", "graft_draft_accepted", "graft_retrieved_accepted", "graft_proposed", "graft_verify",
              "graft_plain")
 _ACC = "graft_steps:"
+# The field a response carries when GRAFT's accounting for it failed (the response itself is served).
+ERROR_KEY = "graft_accounting_error"
+
+logger = logging.getLogger(__name__)
+_logged: set = set()
+
+
+def isolated(hook):
+    """A tokenizer-side hook whose failure stays with one response: SGLang's tokenizer manager
+    runs every request's output through these hooks in one loop, and an exception there ends that
+    loop for the whole server. On an exception the response carries ``ERROR_KEY`` (the exception
+    type and message) in its ``meta_info`` instead of GRAFT's counts, the traceback is logged once
+    per exception type, and the request completes as usual. Both hooks take ``meta_info`` as their
+    third positional argument (after the result or the wrapped function, and the manager)."""
+
+    @functools.wraps(hook)
+    def guarded(*args, **kwargs):
+        try:
+            return hook(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 -- reported on the response and in the log
+            meta_info = args[2] if len(args) > 2 else kwargs.get("meta_info")
+            if isinstance(meta_info, dict):
+                meta_info[ERROR_KEY] = f"{hook.__name__}: {type(exc).__name__}: {exc}"
+            if type(exc) not in _logged:
+                _logged.add(type(exc))
+                logger.exception("GRAFT %s failed; the response carries %s and is served", hook.__name__, ERROR_KEY)
+            return None
+
+    return guarded
 
 
 def _free_request_state(result, req, *args, **kwargs):
@@ -270,9 +301,9 @@ def register() -> None:
     seams.register_hook(seams.RELEASE_KV_CACHE, _free_request_state, "AFTER")
     seams.register_hook(seams.SERVER_INFO, _add_server_info, "AFTER")
     seams.register_hook(seams.VALIDATE_REQUEST, _validate_request, "BEFORE")
-    seams.register_hook(seams.UPDATE_META_INFO, _update_meta_info, "AROUND")
+    seams.register_hook(seams.UPDATE_META_INFO, isolated(_update_meta_info), "AROUND")
     seams.register_hook(seams.FREEZE_GC, _freeze_gc_when_listening, "AROUND")
     seams.register_hook(seams.ROW_HEADROOM, _rows_hold_the_reserve, "AFTER")
     seams.register_hook(seams.RESERVED_TOKENS, _no_reserved_tokens, "AFTER")
     seams.register_hook(seams.MODEL_FORWARD, _positions_inside_the_context, "BEFORE")
-    seams.register_hook(seams.SPEC_METRICS, _spec_metrics_as_verified, "AFTER")
+    seams.register_hook(seams.SPEC_METRICS, isolated(_spec_metrics_as_verified), "AFTER")
