@@ -149,6 +149,44 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     assert graft["live_stores"] == 0
 
 
+@pytest.mark.parametrize("mode,extra", [
+    # the tree build replayed and checked against the eager build at every speculative step
+    ("tree-shadow", ["--speculative-graft-graph", "shadow"]),
+    # a chain, sync-free: replayed with nothing read on the host by GRAFT (capture included)
+    ("chain-sync-free-on", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
+                            "--speculative-graft-thresholds", "0", "0.5", "0.5",
+                            "--speculative-graft-sync-free", "on", "--speculative-graft-graph", "on"]),
+])
+def test_graft_tree_build_from_captured_graphs(tiny_models, server_logs, reference, tmp_path, mode, extra):
+    """``--speculative-graft-graph``: every speculative step's tree (prune, graft, flatten, mask)
+    replayed from a graph captured through the CPU stand-in, token-exact, alone and under
+    concurrency; what the graphs own is poisoned before every replay (a consumer that held a
+    tree past its step would read NaN / -1). Step costs pinned (the budgets and so the graphs
+    captured do not depend on the machine's load)."""
+    ids, ref = reference
+    env = {**COUNT_READS, **pinned_env(tmp_path / "pinned"), "SGLANG_GRAFT_GRAPH_POISON": "1"}
+    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, *extra),
+                      log_path=server_logs / f"graft-graph-{mode}.log", env=env) as srv:
+        outs = _run_all(srv, ids)
+        lengths = [8, 32, 16, 24, 32, 12]
+        with cf.ThreadPoolExecutor(6) as pool:
+            together = list(pool.map(lambda i: srv.generate_ids(ids[i], lengths[i]), range(len(lengths))))
+        graft = _server_info(srv)["graft"]
+        log = srv.tail(10 ** 8)
+    assert [o["output_ids"] for o in outs] == ref
+    assert [o["output_ids"] for o in together] == [ref[i][:n] for i, n in enumerate(lengths)]
+    graph, economy = graft["graph"], graft["economy"]
+    speculative = economy["steps"] - economy["plain_steps"]
+    assert graph["mode"] == "standin" and 0 < graph["captured"] < graph["replays"], graph
+    assert graph["replays"] == speculative > 0, (graph, economy)  # every tree came from a replay
+    assert graft["accepted_retrieved_tokens"] > 0
+    assert "Traceback" not in log
+    if mode == "tree-shadow":
+        assert graph["shadow_steps"] == graph["replays"] and graph["shadow_mismatches"] == 0, graph
+    else:
+        assert graft["host_reads"]["graft"] == 0, graft["host_reads"]["graft_sites"]
+
+
 def _check_proposed_counts(outs, max_nodes: int) -> None:
     """SGLang's proposed-draft count and accept rate are the nodes GRAFT verified past the root."""
     smaller = 0

@@ -37,6 +37,18 @@ def test_defaults_validate_and_follow_the_published_split():
         assert given.prune_config(16, 6).keep_table(16) == (0, 3, 15, 15)
 
 
+def test_graph_modes_validate():
+    from sglang_graft.engine.tree_graph import resolve_graph_mode
+
+    for mode in ("auto", "on", "off", "shadow"):
+        _validate(gc.GraftConfig(graph=mode))
+    assert [resolve_graph_mode(m) for m in ("auto", "on", "off", "shadow")] == ["off", "on", "off", "shadow"]
+    with pytest.raises(ValueError, match="--speculative-graft-graph must be one of"):
+        _validate(gc.GraftConfig(graph="yes"))
+    with pytest.raises(ValueError, match="--speculative-graft-graph on needs --speculative-graft-placement root"):
+        _validate(gc.GraftConfig(graph="on", placement="deepest_draft", source="recycle", budget_mode="fixed"))
+
+
 def test_chain_drafts_and_budgets_beyond_the_draft_validate():
     _validate(topk=1, num_steps=3, num_nodes=4)
     _validate(topk=1, num_steps=3, num_nodes=16)  # slots beyond the chain are grafted

@@ -275,3 +275,55 @@ def test_cuda_poison_and_held_outputs():
     assert untouched.isnan().all() and torch.equal(doubled, x * 2)
     x.copy_(torch.randn(3, 4, device="cuda"))
     assert graph.replay()[0] is doubled and torch.equal(doubled, x * 2)
+
+
+# -- the stepper's tree build through captured graphs (engine.tree_graph) ----------------------------
+def _tree_inputs(bs: int, depth: int, n: int, gen: torch.Generator):
+    """A drafted pool (the toy draft above, run eagerly) and the tree build's other inputs."""
+    fn, inputs, refill = make_step(bs, depth, n, seed=int(torch.randint(0, 10 ** 6, (), generator=gen)))
+    pool, _ = fn(*inputs)
+    root, _, seq_lens, p_tokens, p_parents, p_priority, p_valid, depth_limit = inputs
+    num_keep = torch.randint(0, n, (bs,), generator=gen)
+    return pool, root, RetrievalProposals(p_tokens, p_parents, p_priority, p_valid), seq_lens, num_keep, depth_limit
+
+
+def test_tree_graphs_replay_the_stepper_build_exactly():
+    """``--speculative-graft-graph shadow``: every build replayed from a graph keyed by budget and
+    shapes and compared with the eager build; the same shapes replay, new ones capture."""
+    from sglang_graft.engine.tree_graph import TreeGraphs
+
+    graphs, gen = TreeGraphs("shadow", poison=True), torch.Generator().manual_seed(3)
+    for bs, depth, n in [(1, 3, 4), (1, 3, 4), (2, 3, 8), (1, 3, 4), (2, 1, 8), (2, 3, 8)]:
+        pool, root, props, lens, keep, limit = _tree_inputs(bs, depth, n, gen)
+        config = PruneConfig((0, 1), (0.35, 0.25), (n - 1, n - 1))
+        step = graphs(pool, root, props, lens, n, config, num_keep=keep, depth_limit=limit)
+        want = build_graft_tree(pool, root, props, lens, n, config, num_keep=keep, depth_limit=limit)
+        assert torch.equal(step.layout.draft_token, want.layout.draft_token)
+        assert torch.equal(step.layout.ancestor_mask, want.layout.ancestor_mask)
+    stats = graphs.stats()
+    assert stats["captured"] == 3 and stats["replays"] == 6, stats
+    assert stats["shadow_steps"] == 6 and stats["shadow_mismatches"] == 0, stats
+    # a callable proposer is called on the root tokens before the graph
+    pool, root, props, lens, keep, limit = _tree_inputs(1, 3, 4, gen)
+    step = graphs(pool, root, lambda anchors: props, lens, 4, PruneConfig((0, 1), (0.35, 0.25), (3, 3)),
+                  num_keep=keep, depth_limit=limit)
+    assert graphs.stats()["replays"] == 7 and graphs.shadow_mismatches == 0
+    with pytest.raises(ValueError, match="root"):
+        graphs(pool, root, props, lens, 4, PruneConfig(), "deepest_draft")
+
+
+def test_tree_graphs_shadow_counts_a_mismatch():
+    """The shadow check fails when the replay is stale: a graph whose static input is re-bound
+    (the build's copy goes to a tensor the graph no longer reads)."""
+    from sglang_graft.engine.tree_graph import TreeGraphs
+
+    graphs, gen = TreeGraphs("shadow"), torch.Generator().manual_seed(5)
+    config = PruneConfig((0, 1), (0.35, 0.25), (7, 7))
+    first = _tree_inputs(2, 3, 8, gen)
+    graphs(first[0], first[1], first[2], first[3], 8, config, num_keep=first[4], depth_limit=first[5])
+    (graph,) = graphs.cache.graphs.values()
+    graph.static_inputs = tuple(t.clone() for t in graph.static_inputs)  # copies now miss the graph
+    for _ in range(4):
+        pool, root, props, lens, keep, limit = _tree_inputs(2, 3, 8, gen)
+        graphs(pool, root, props, lens, 8, config, num_keep=keep, depth_limit=limit)
+    assert graphs.shadow_steps == 5 and graphs.shadow_mismatches >= 1

@@ -27,7 +27,7 @@ ALLOWED = {
     "sglang_graft.retrieval": {"sglang_graft.tree", "sglang_graft.kernels"},
     "sglang_graft.config": {"sglang_graft.tree", "sglang_graft.retrieval"},
     "sglang_graft.engine": {"sglang_graft.tree", "sglang_graft.retrieval", "sglang_graft.config",
-                            "sglang_graft.kernels"},
+                            "sglang_graft.kernels", "sglang_graft.graphs"},
     "sglang_graft.graphs": {"sglang_graft.tree", "sglang_graft.kernels"},
     "sglang_graft.kernels": {"sglang_graft_kernels"},
     "sglang_graft_kernels": set(),

@@ -36,6 +36,9 @@ PLACEMENTS = ("root", "deepest_draft")
 RECYCLE_SCOPES = ("shared", "tenant", "request")
 # How the verify budget is chosen: per step from measured costs and calibrated node values, or fixed.
 BUDGET_MODES = ("cost", "fixed")
+# --speculative-graft-graph: the tree build replayed from captured graphs (on), also checked against
+# an eager build every step (shadow, a test mode), eager (off); auto: off until the CUDA capture has run
+GRAPH_MODES = ("auto", "on", "off", "shadow")
 # Whether the decode step may read device values on the host: ``on`` never (decisions and retrieval
 # from results two worker calls old, re-rooted on the device), ``off`` (fresh values, host reads),
 # ``auto``: on for CUDA, off on a CPU (where a host read stalls nothing).
@@ -70,6 +73,7 @@ class GraftConfig:
     tp_check: int = 0  # every K steps compare a hash of the verify tree across TP ranks (0 = off)
     sync_free: str = "auto"  # no host read in the decode step (see SYNC_FREE_MODES)
     plain_steps: bool = True  # cost mode: a step that expects nothing from speculation verifies its roots alone
+    graph: str = "auto"  # the tree build replayed from captured graphs (see GRAPH_MODES)
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:
         """Checkpoint depths for a draft of ``num_steps`` levels (depths 0..num_steps-1)."""
@@ -172,6 +176,11 @@ _FLAGS: dict[str, dict[str, Any]] = {
                         "speculative step's expectations say no tree pays for itself, the step is a plain decode "
                         "step (the roots verified alone; no retrieval, draft pass or tree; a speculative step "
                         "measures again after 8). Not in sync-free mode."),
+    "graph": dict(choices=GRAPH_MODES, help="on: build each step's tree (prune, graft, flatten, mask) by replaying "
+                  "a graph captured per budget and input shapes (CUDA graphs on CUDA, a stand-in with CUDA-graph "
+                  "semantics on a CPU; the draft passes stay eager); shadow: on, and each replayed tree checked "
+                  "against an eager build (a test mode, host reads); off: eager; auto: off (the CUDA capture "
+                  "has not run on a GPU yet)."),
     "per_step_metrics": dict(action=argparse.BooleanOptionalAction, help="Report GRAFT's counts per verify step "
                              "in each response's meta_info (per-step acceptance patterns can fingerprint content); "
                              "by default responses carry per-request totals."),
@@ -226,6 +235,9 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
     if cfg.sync_free == "on" and cfg.per_step_metrics:
         raise ValueError(f"{flag_name('per_step_metrics')} reads each step's counts on the host; it needs "
                          f"{flag_name('sync_free')} off")
+    if cfg.graph in ("on", "shadow") and cfg.placement != "root":
+        raise ValueError(f"{flag_name('graph')} {cfg.graph} needs {flag_name('placement')} root (retrieval under a "
+                         "draft node is proposed inside the tree build, from a host read)")
     if cfg.tp_check < 0:
         raise ValueError(f"{flag_name('tp_check')} must be >= 0 (0 = off), got {cfg.tp_check}")
     if cfg.skip_draft_tokens < 0:

@@ -26,6 +26,7 @@ its per-request expected tokens of every budget, scaled to this batch, against t
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -43,6 +44,7 @@ from sglang_graft.engine.budget import (
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.lagged import LaggedEntry
 from sglang_graft.engine.retrieval_state import GraftRetrieval
+from sglang_graft.engine.tree_graph import POISON_ENV, TreeGraphs, resolve_graph_mode
 from sglang_graft.tree import (
     DraftPool,
     GraftStep,
@@ -157,6 +159,11 @@ class GraftStepper:
         self.checkpoints = cfg.resolved_checkpoints(num_steps)
         self.prune = {n: cfg.prune_config(n, num_steps) for n in self.budgets}
         self.sync_free = sync_free
+        # prune -> graft -> flatten -> mask: eager, or replayed from captured graphs (--speculative-graft-graph)
+        graph = resolve_graph_mode(cfg.graph)
+        self.tree_graphs = (TreeGraphs(graph, poison=os.environ.get(POISON_ENV) == "1")
+                            if graph != "off" else None)
+        self.build_tree = self.tree_graphs or build_graft_tree
         # [C + 1] bool per pruning stage: whether it keeps any draft node (a keep fraction above 0)
         table = self.prune[self.max_nodes].keep_table(self.max_nodes)
         self._may_keep_draft = torch.tensor([k > 0 for k in table], dtype=torch.bool, device=device)
@@ -353,7 +360,7 @@ class GraftStepper:
         bs = len(plan.rids)
         if not self.cost_aware:
             plan.num_nodes = self.max_nodes
-            return build_graft_tree(pool, plan.root_tokens, plan.proposals, seq_lens, self.max_nodes,
+            return self.build_tree(pool, plan.root_tokens, plan.proposals, seq_lens, self.max_nodes,
                                     self.prune[self.max_nodes], self.cfg.placement)
         draft_values = self._draft_values(plan, pool)
         union = self._union_values(plan, pool, draft_values)
@@ -375,7 +382,7 @@ class GraftStepper:
         top = max(0, min(n - 1, union.shape[1]))
         order = torch.topk(union, top, dim=1).indices if top else union[:, :0].long()
         num_keep = (order < m).sum(dim=1)
-        return build_graft_tree(pool, plan.root_tokens, plan.proposals, seq_lens, n, self.prune[n], self.cfg.placement,
+        return self.build_tree(pool, plan.root_tokens, plan.proposals, seq_lens, n, self.prune[n], self.cfg.placement,
                                 num_keep=num_keep, depth_limit=plan.exit_depth)
 
     def _lagged_budget(self, bs: int, secs: Sequence[float]) -> int:

@@ -362,7 +362,9 @@ def server_counters() -> Optional[dict]:
     worker = _WORKERS[-1]
     retrieval = worker.retrieval
     out = {**retrieval.counters.as_dict(), **retrieval.store_usage(), "economy": worker.stepper.as_dict(),
-           "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free}
+           "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free,
+           "graph": (worker.stepper.tree_graphs.stats() if worker.stepper.tree_graphs is not None
+                     else {"mode": "off", "captured": 0, "replays": 0})}
     if worker._draft_worker is not None:
         out["verify_masks"] = dict(worker.mask_modes)  # "<target backend>:<mask layout>": steps
     if worker.attention_kernels is not None:
