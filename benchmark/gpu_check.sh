@@ -5,7 +5,9 @@
 #   bash benchmark/gpu_check.sh --out DIR                                # CUDA
 #   TRITON_INTERPRET=1 bash benchmark/gpu_check.sh --interpret --out DIR  # CPU, Triton interpreter
 #
-# CUDA: 1. the tree-core tests with their CUDA variants and graph capture (pytest, if installed);
+# CUDA: 1. the tree-core tests with their CUDA variants, and test/test_graphs.py: the draft + tree
+# step captured as CUDA graphs (a toy draft; topk 4, 6 steps, N 1/4/8/16 at bs 1 and 16) and the
+# served tree build through engine.tree_graph, replay == eager (pytest, if installed);
 # 2. benchmark/gpu_check.py: every Triton kernel vs its torch reference on >= 2,000 generated
 # cases, torch.cuda.set_sync_debug_mode("error") over the eager and captured tree step, graph
 # replay == eager, timings at bs 1 / 16 / 64 and N 16 / 61.
@@ -38,8 +40,8 @@ fi
 
 status=0
 if "$PY" -c 'import pytest, hypothesis' 2>/dev/null; then
-    echo "== tree-core tests (CPU and CUDA variants) =="
-    timeout 240 "$PY" -m pytest test/test_tree_*.py -q -p no:cacheprovider -x -rs 2>&1 | tee "$OUT_DIR/tree_tests.log" \
+    echo "== tree-core tests (CPU and CUDA variants), graph capture =="
+    timeout 240 "$PY" -m pytest test/test_tree_*.py test/test_graphs.py -q -p no:cacheprovider -x -rs 2>&1 | tee "$OUT_DIR/tree_tests.log" \
         || status=1
 else
     echo "== pytest / hypothesis missing: tree-core tests skipped ==" | tee "$OUT_DIR/tree_tests.log"

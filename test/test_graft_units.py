@@ -38,11 +38,10 @@ def test_defaults_validate_and_follow_the_published_split():
 
 
 def test_graph_modes_validate():
-    from sglang_graft.engine.tree_graph import resolve_graph_mode
-
     for mode in ("auto", "on", "off", "shadow"):
         _validate(gc.GraftConfig(graph=mode))
-    assert [resolve_graph_mode(m) for m in ("auto", "on", "off", "shadow")] == ["off", "on", "off", "shadow"]
+    assert [gc.GraftConfig(graph=m).resolved_graph() for m in ("auto", "on", "off", "shadow")] == [
+        "off", "on", "off", "shadow"]
     with pytest.raises(ValueError, match="--speculative-graft-graph must be one of"):
         _validate(gc.GraftConfig(graph="yes"))
     with pytest.raises(ValueError, match="--speculative-graft-graph on needs --speculative-graft-placement root"):

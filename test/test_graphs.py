@@ -253,7 +253,9 @@ def test_backend_choice():
 
 @needs_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("bs,depth,n", [(1, 1, 4), (3, 3, 8), (3, 6, 16)])
+@pytest.mark.parametrize("bs,depth,n", [(1, 1, 4), (3, 3, 8), (3, 6, 16)]
+                         # the served shapes: topk 4, 6 draft steps (pool 84), every default budget of N 16
+                         + [(bs, 6, n) for bs in (1, 16) for n in (1, 4, 8, 16)])
 def test_cuda_replay_equals_eager(bs, depth, n):
     fn, inputs, refill = make_step(bs, depth, n, device="cuda")
     graph = capture(fn, inputs, poison=True)
@@ -327,3 +329,24 @@ def test_tree_graphs_shadow_counts_a_mismatch():
         pool, root, props, lens, keep, limit = _tree_inputs(2, 3, 8, gen)
         graphs(pool, root, props, lens, 8, config, num_keep=keep, depth_limit=limit)
     assert graphs.shadow_steps == 5 and graphs.shadow_mismatches >= 1
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_cuda_tree_graphs_replay_the_stepper_build_exactly():
+    """The served tree build (``--speculative-graft-graph on`` on CUDA): CUDA graphs of the Triton
+    ``graft_step`` path, checked against eager builds (shadow) at the served shapes."""
+    from sglang_graft.engine.tree_graph import TreeGraphs
+
+    graphs, gen = TreeGraphs("shadow", backend="cuda", poison=True), torch.Generator().manual_seed(7)
+    for bs, depth, n in [(1, 6, 4), (1, 6, 16), (16, 6, 8), (16, 3, 16), (1, 6, 4), (16, 6, 8)]:
+        pool, root, props, lens, keep, limit = _tree_inputs(bs, depth, n, gen)
+        to = lambda t: t.to("cuda")  # noqa: E731
+        pool = dataclasses.replace(pool, tokens=to(pool.tokens), parents=to(pool.parents), scores=to(pool.scores),
+                                   depths=to(pool.depths))
+        props = RetrievalProposals(*(to(t) for t in (props.tokens, props.parents, props.priority, props.valid)))
+        config = PruneConfig((0, 1, 5), (0.35, 0.25, 0.15), (n - 1,) * 3)
+        graphs(pool, to(root), props, to(lens), n, config, num_keep=to(keep), depth_limit=to(limit))
+    stats = graphs.stats()
+    assert stats["mode"] == "cuda" and stats["captured"] == 4 and stats["replays"] == 6, stats
+    assert stats["shadow_mismatches"] == 0, stats

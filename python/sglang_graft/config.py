@@ -124,6 +124,12 @@ class GraftConfig:
         return PruneConfig(checkpoint_depths=depths, thresholds=tuple(self.thresholds[:n]),
                            keep_per_stage=keep, min_retrieval_slots=self.min_retrieval_slots)
 
+    def resolved_graph(self) -> str:
+        """``--speculative-graft-graph`` as the step runs it: ``on``, ``shadow`` or ``off``
+        (``auto`` is ``off`` on every device for now: on a CPU the capture runs through the
+        stand-in, and on CUDA it has not been executed yet)."""
+        return "off" if self.graph == "auto" else self.graph
+
     def resolved_sync_free(self, device) -> bool:
         """Whether the decode step runs without host reads on ``device`` (``auto``: on CUDA, unless
         the placement or per-step metrics need host reads)."""

@@ -5,8 +5,9 @@
 * ``retrieval_state``: each request's retrieval stores and the recycling matrix, fed by the worker;
 * ``budget``: the acceptance calibration, the step cost model and the budget rule;
 * ``lagged``: the sync-free step's commit ring (results reach the host two calls later);
-* ``tp_check``: tree hashes compared across tensor-parallel ranks.
+* ``tp_check``: tree hashes compared across tensor-parallel ranks;
+* ``tree_graph``: the tree build replayed from captured graphs (``--speculative-graft-graph``).
 
-May import ``sglang_graft.tree``, ``sglang_graft.retrieval``, ``sglang_graft.config`` and
-``sglang_graft.kernels``; never SGLang or ``sglang_graft.sglang`` (test/test_layers.py).
+May import ``sglang_graft.tree``, ``sglang_graft.retrieval``, ``sglang_graft.config``,
+``sglang_graft.graphs`` and ``sglang_graft.kernels``; never SGLang or ``sglang_graft.sglang`` (test/test_layers.py).
 """

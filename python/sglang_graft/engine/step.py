@@ -44,7 +44,7 @@ from sglang_graft.engine.budget import (
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.lagged import LaggedEntry
 from sglang_graft.engine.retrieval_state import GraftRetrieval
-from sglang_graft.engine.tree_graph import POISON_ENV, TreeGraphs, resolve_graph_mode
+from sglang_graft.engine.tree_graph import POISON_ENV, TreeGraphs
 from sglang_graft.tree import (
     DraftPool,
     GraftStep,
@@ -160,7 +160,7 @@ class GraftStepper:
         self.prune = {n: cfg.prune_config(n, num_steps) for n in self.budgets}
         self.sync_free = sync_free
         # prune -> graft -> flatten -> mask: eager, or replayed from captured graphs (--speculative-graft-graph)
-        graph = resolve_graph_mode(cfg.graph)
+        graph = cfg.resolved_graph()
         self.tree_graphs = (TreeGraphs(graph, poison=os.environ.get(POISON_ENV) == "1")
                             if graph != "off" else None)
         self.build_tree = self.tree_graphs or build_graft_tree

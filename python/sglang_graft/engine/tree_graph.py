@@ -34,7 +34,6 @@ from typing import Optional, Union
 
 import torch
 
-from sglang_graft.config import GRAPH_MODES
 from sglang_graft.graphs import GraphCache
 from sglang_graft.tree import DraftPool, GraftStep, PruneConfig, RetrievalProposals, build_graft_tree
 
@@ -135,15 +134,4 @@ class TreeGraphs:
         return out
 
 
-def resolve_graph_mode(mode: str) -> str:
-    """``--speculative-graft-graph`` as the step runs it: ``on``, ``shadow`` or ``off``.
-
-    ``auto`` is ``off`` on every device for now: the capture runs on a CPU through the stand-in,
-    and on CUDA it has not been executed yet (``benchmark/gpu_check.sh`` checks it there).
-    """
-    if mode not in GRAPH_MODES:
-        raise ValueError(f"graph mode must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
-    return "off" if mode == "auto" else mode
-
-
-__all__ = ["GRAPH_MODES", "POISON_ENV", "TreeGraphs", "resolve_graph_mode"]
+__all__ = ["POISON_ENV", "TreeGraphs"]
