@@ -23,6 +23,14 @@ def _segment_positions(start: torch.Tensor, end: torch.Tensor) -> tuple[torch.Te
     return seg, pos
 
 
+def _request_slots(req_pool_indices: torch.Tensor, start: torch.Tensor,
+                   end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(req_to_token row, position)`` of every slot of the segments ``[start[i], end[i])`` of
+    request ``i`` (row ``req_pool_indices[i]``), in order."""
+    seg, pos = _segment_positions(start, end)
+    return req_pool_indices.to(torch.int64)[seg], pos
+
+
 def assign_req_to_token_pool_cpu(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -32,9 +40,8 @@ def assign_req_to_token_pool_cpu(
     pool_len: int,
 ) -> None:
     """``req_to_token[rpi[i], start[i]:end[i]] = out_cache_loc[prefix[i]:prefix[i+1]]``."""
-    seg, pos = _segment_positions(start_offset, end_offset)
-    rows = req_pool_indices.to(torch.int64)[seg]
-    req_to_token[rows, pos] = out_cache_loc[: seg.numel()].to(req_to_token.dtype)
+    rows, pos = _request_slots(req_pool_indices, start_offset, end_offset)
+    req_to_token[rows, pos] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
 
 
 def assign_extend_cache_locs_cpu(
@@ -46,9 +53,8 @@ def assign_extend_cache_locs_cpu(
     pool_len: int,
 ) -> None:
     """``out_cache_loc[prefix[i]:prefix[i+1]] = req_to_token[rpi[i], start[i]:end[i]]``."""
-    seg, pos = _segment_positions(start_offset, end_offset)
-    rows = req_pool_indices.to(torch.int64)[seg]
-    out_cache_loc[: seg.numel()] = req_to_token[rows, pos].to(out_cache_loc.dtype)
+    rows, pos = _request_slots(req_pool_indices, start_offset, end_offset)
+    out_cache_loc[: rows.numel()] = req_to_token[rows, pos].to(out_cache_loc.dtype)
 
 
 def assign_draft_cache_locs_contiguous_cpu(
