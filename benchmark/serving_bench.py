@@ -11,6 +11,7 @@ throughput per method and concurrency, and the ratio to no speculation.
 
     python benchmark/serving_bench.py                      # none, EAGLE3-adaptive, GRAFT at 1 / 8 / 16 / 32
     python benchmark/serving_bench.py --output-len-mode variable
+    python benchmark/serving_bench.py --interleave          # methods take turns at each level
     python benchmark/serving_bench.py --concurrency 1 4 --prompts-per-level 8 16 --methods none,GRAFT --output-len 64
 
 ``EAGLE3-adaptive`` is SGLang's ``--speculative-adaptive`` on the usual 3-step chain (its depth
@@ -28,6 +29,7 @@ The same load by hand, against a server you started (the command this script run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -114,6 +116,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-total-tokens", type=int, default=None,
                     help="KV pool of every server, in tokens (default: the test servers' 8192; the longest "
                          "benchmark prompts are ~3.7k tokens, so at concurrency 8+ the pool limits admission)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="all servers up at once; at each concurrency the methods take turns (order rotated per "
+                         "level), so drift of the machine's speed is shared (default: one server after another)")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "serving")
     args = ap.parse_args(argv)
     if len(args.prompts_per_level) != len(args.concurrency):
@@ -126,32 +131,58 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def measure(name: str, args: argparse.Namespace, dataset: Path) -> tuple[list[dict], dict]:
-    """Every concurrency level on one server: result rows and GRAFT's economy after each level."""
+def server_args(name: str, args: argparse.Namespace) -> list[str]:
+    """The server flags of method ``name``."""
     extra = list(METHODS[name])
     if "--speculative-algorithm" in extra:
         extra += ["--speculative-draft-model-path", str(args.draft)]
     extra += ["--max-running-requests", str(max(args.concurrency))]
     if args.max_total_tokens:  # after the CPU defaults: the last value counts
         extra += ["--max-total-tokens", str(args.max_total_tokens)]
-    variable = args.output_len_mode == "variable"
+    return extra
+
+
+def measure_level(name: str, srv, args: argparse.Namespace, dataset: Path, conc: int, n: int,
+                  economy: dict) -> dict:
+    """One concurrency level on a running server: its result row; GRAFT's economy into ``economy``."""
+    r = run_load(srv.url, args.model, dataset, conc, n, args.output_len, args.out / f"{name}-c{conc}.jsonl",
+                 args.output_len_mode == "variable")
+    print(f"[serving_bench] {name} c={conc}: {r['output_throughput']:.1f} output tok/s", flush=True)
+    graft = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0].get("graft")
+    if graft:
+        economy[f"{name} c={conc}"] = graft["economy"]
+    return {"method": name, "concurrency": conc, "num_prompts": n,
+            "output_len_mode": args.output_len_mode, "mean_ttft_ms": r.get("mean_ttft_ms"),
+            "mean_tpot_ms": r.get("mean_tpot_ms"), "total_output_tokens": r.get("total_output_tokens"),
+            "output_throughput": r["output_throughput"],
+            "request_throughput": r.get("request_throughput"),
+            "median_itl_ms": r.get("median_itl_ms"), "median_ttft_ms": r.get("median_ttft_ms"),
+            "accept_length": r.get("accept_length")}
+
+
+def measure(names: list[str], args: argparse.Namespace, dataset: Path) -> tuple[list[dict], dict]:
+    """Every method at every concurrency level: result rows and GRAFT's economy after each level
+    (cumulative since its server started). One server after another; with ``--interleave`` all
+    servers up at once (idle ones sleep) and, at each level, the methods in an order rotated by one
+    per level, so that a machine slowing down over the run is shared by all methods."""
     results, economy = [], {}
-    with SGLangServer(args.model, extra, log_path=args.out / f"{name}.log") as srv:
-        srv.generate_ids([1, 2, 3, 4], 8)  # warm-up
-        for conc, n in zip(args.concurrency, args.prompts_per_level):
-            r = run_load(srv.url, args.model, dataset, conc, n, args.output_len, args.out / f"{name}-c{conc}.jsonl",
-                         variable)
-            results.append({"method": name, "concurrency": conc, "num_prompts": n,
-                            "output_len_mode": args.output_len_mode, "mean_ttft_ms": r.get("mean_ttft_ms"),
-                            "mean_tpot_ms": r.get("mean_tpot_ms"), "total_output_tokens": r.get("total_output_tokens"),
-                            "output_throughput": r["output_throughput"],
-                            "request_throughput": r.get("request_throughput"),
-                            "median_itl_ms": r.get("median_itl_ms"), "median_ttft_ms": r.get("median_ttft_ms"),
-                            "accept_length": r.get("accept_length")})
-            print(f"[serving_bench] {name} c={conc}: {r['output_throughput']:.1f} output tok/s", flush=True)
-            graft = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0].get("graft")
-            if graft:
-                economy[f"{name} c={conc}"] = graft["economy"]
+    levels = list(zip(args.concurrency, args.prompts_per_level))
+    if not args.interleave:
+        for name in names:
+            with SGLangServer(args.model, server_args(name, args), log_path=args.out / f"{name}.log") as srv:
+                srv.generate_ids([1, 2, 3, 4], 8)  # warm-up
+                results += [measure_level(name, srv, args, dataset, c, n, economy) for c, n in levels]
+        return results, economy
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for name in names:
+            servers[name] = stack.enter_context(
+                SGLangServer(args.model, server_args(name, args), log_path=args.out / f"{name}.log"))
+            servers[name].generate_ids([1, 2, 3, 4], 8)  # warm-up
+        for i, (c, n) in enumerate(levels):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                results.append(measure_level(name, servers[name], args, dataset, c, n, economy))
+    results.sort(key=lambda r: (names.index(r["method"]), r["concurrency"]))
     return results, economy
 
 
@@ -168,17 +199,13 @@ def main() -> None:
     if max(args.prompts_per_level) > n_rows:  # bench_serving would cap it silently
         print(f"[serving_bench] the dataset has {n_rows} prompts: --prompts-per-level capped to {n_rows}")
         args.prompts_per_level = [min(n, n_rows) for n in args.prompts_per_level]
-    results, economy = [], {}  # economy: GRAFT's after each level (cumulative since the server started)
     t_start = time.time()
-    for name in [m.strip() for m in args.methods.split(",") if m.strip()]:
-        rows, eco = measure(name, args, dataset)
-        results += rows
-        economy.update(eco)
+    results, economy = measure([m.strip() for m in args.methods.split(",") if m.strip()], args, dataset)
     base = {r["concurrency"]: r["output_throughput"] for r in results if r["method"] == "none"}
     for r in results:
         r["vs_none"] = r["output_throughput"] / base[r["concurrency"]] if r["concurrency"] in base else None
     report = {"results": results, "economy": economy, "dataset_rows": n_rows, "output_len": args.output_len,
-              "output_len_mode": args.output_len_mode,
+              "output_len_mode": args.output_len_mode, "interleave": args.interleave,
               "split": None if args.prompts else args.split, "max_total_tokens": args.max_total_tokens or 8192,
               "wall_s": round(time.time() - t_start, 1)}
     (args.out / "serving_bench.json").write_text(json.dumps(report, indent=2))
