@@ -325,3 +325,22 @@ def test_a_cpu_launcher_forks_its_children_and_a_cuda_one_keeps_spawn():
         assert multiprocessing.get_start_method() == "fork"
     finally:
         multiprocessing.set_start_method(before, force=True)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_rows_linear_is_one_opaque_op_in_a_captured_graph(rows):
+    """Under a graph capture the kernel is the op ``sglang_cpu_port.rows_linear``: a replay computes
+    the product of the inputs it is given (traced as Python, its numpy buffers would be frozen
+    into the graph and every replay would return the capture's result)."""
+    from sglang_cpu_port.linear import rows_linear, rows_linear_kernel
+    from sglang_graft.graphs import capture
+
+    g = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(16, 24, generator=g), torch.randn(16, generator=g)
+    x = torch.randn(rows, 24, generator=g)
+    with _one_thread():
+        graph = capture(lambda t: rows_linear_kernel(t, w, b) * 2.0, [x.clone()], backend="standin")
+        for seed in range(3):
+            fresh = torch.randn(rows, 24, generator=g)
+            graph.static_inputs[0].copy_(fresh)
+            assert torch.equal(graph.replay(), rows_linear(fresh, w, b) * 2.0)

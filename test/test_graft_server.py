@@ -156,6 +156,8 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     ("chain-sync-free-on", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
                             "--speculative-graft-thresholds", "0", "0.5", "0.5",
                             "--speculative-graft-sync-free", "on", "--speculative-graft-graph", "on"]),
+    # the fixed budget drafts every level: the draft loop replayed too, both checked against eager runs
+    ("tree-fixed-shadow", ["--speculative-graft-budget-mode", "fixed", "--speculative-graft-graph", "shadow"]),
 ])
 def test_graft_tree_build_from_captured_graphs(tiny_models, server_logs, reference, tmp_path, mode, extra):
     """``--speculative-graft-graph``: every speculative step's tree (prune, graft, flatten, mask)
@@ -176,14 +178,23 @@ def test_graft_tree_build_from_captured_graphs(tiny_models, server_logs, referen
     assert [o["output_ids"] for o in outs] == ref
     assert [o["output_ids"] for o in together] == [ref[i][:n] for i, n in enumerate(lengths)]
     graph, economy = graft["graph"], graft["economy"]
+    tree, draft = graph["tree"], graph["draft"]
     speculative = economy["steps"] - economy["plain_steps"]
-    assert graph["mode"] == "standin" and 0 < graph["captured"] < graph["replays"], graph
-    assert graph["replays"] == speculative > 0, (graph, economy)  # every tree came from a replay
+    assert graph["mode"] == tree["mode"] == "standin" and 0 < tree["captured"] < tree["replays"], graph
+    assert tree["replays"] == speculative > 0, (graph, economy)  # every tree came from a replay
+    if mode == "tree-shadow":  # cost-aware: each draft pass is decided on the host after the one before
+        assert draft["replays"] == draft["captured"] == 0 and draft["eager_steps"] == speculative, graph
+    else:  # the depth is known before the draft: every draft loop came from a replay too
+        assert draft["mode"] == "standin" and draft["eager_steps"] == 0, graph
+        assert 0 < draft["captured"] < draft["replays"] == speculative, graph
+        assert graph["replays"] == 2 * speculative
     assert graft["accepted_retrieved_tokens"] > 0
     assert "Traceback" not in log
-    if mode == "tree-shadow":
-        assert graph["shadow_steps"] == graph["replays"] and graph["shadow_mismatches"] == 0, graph
-    else:
+    if mode.endswith("shadow"):
+        assert tree["shadow_steps"] == tree["replays"] and tree["shadow_mismatches"] == 0, graph
+    if mode == "tree-fixed-shadow":
+        assert draft["shadow_steps"] == draft["replays"] and draft["shadow_mismatches"] == 0, graph
+    if mode == "chain-sync-free-on":
         assert graft["host_reads"]["graft"] == 0, graft["host_reads"]["graft_sites"]
 
 

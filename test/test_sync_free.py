@@ -15,7 +15,7 @@ from sglang_graft.engine.lagged import CommitRing
 from sglang_graft.engine.outcome import StepOutcome
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.step import GraftStepper
-from sglang_graft.tree import HostReadCounter
+from sglang_graft.tree import DraftPool, HostReadCounter
 from test_tree_support import random_pool
 
 WIDTH = 6
@@ -123,7 +123,7 @@ def test_proposals_are_re_rooted_along_the_pending_path():
 
 
 def _stepper(**cfg) -> GraftStepper:
-    config = GraftConfig(budget_mode="cost", sync_free="on", **{"source": "auto", **cfg})
+    config = GraftConfig(**{"budget_mode": "cost", "sync_free": "on", "source": "auto", **cfg})
     retrieval = GraftRetrieval(config, 32, num_nodes=8, num_stages=3, device="cpu")
     retrieval.use_ring(8)
     s = GraftStepper(config, retrieval, num_steps=3, topk=2, budgets=(1, 2, 4, 8), device="cpu", sync_free=True)
@@ -178,6 +178,41 @@ def test_sync_free_decisions_come_from_the_lagged_step_and_read_nothing():
     s.build(plan, pools[0], torch.tensor([5, 9]))
     assert plan.num_nodes == 1
     assert s.plain_plan(["a", "b"]) is None  # sync-free steps are never decided plain (yet)
+
+
+def _levels(pool: DraftPool, levels: int) -> DraftPool:
+    """The first ``levels`` levels of ``pool`` (what a draft that ran ``levels - 1`` passes holds)."""
+    m = pool.topk + (levels - 1) * pool.topk ** 2
+    return DraftPool(pool.tokens[:, :m], pool.parents[:, :m], pool.scores[:, :m], pool.depths[:, :m], pool.topk, levels)
+
+
+@pytest.mark.parametrize("mode", ["cost", "fixed"])
+@pytest.mark.parametrize("passes", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_draft_run_in_one_go_keeps_the_books_of_a_pass_by_pass_draft(mode, passes, seed):
+    """``drafted`` (a captured draft loop: the planned passes run as one graph) leaves the plan as
+    ``keep_drafting`` asked before every pass does: the checkpoints' pruning stage, the passes and
+    the exit depth."""
+    s = _stepper(thresholds=(0.3, 0.5, 0.6), budget_mode=mode)
+    s.retrieval.admit("a", [1, 2, 3, 1, 2, 3, 1, 2])
+    s.retrieval.admit("b", [4, 5, 6])
+    full = random_pool(2, 2, s.num_steps, 30, seed=seed)
+    plans = []
+    for _ in range(2):
+        plan = s.begin(["a", "b"], torch.tensor([3, 7]), s.retrieval.ring.pending(torch.tensor([0, 1])))
+        if mode == "cost":
+            plan.planned_passes = passes
+        plans.append(plan)
+    by_pass, at_once = plans
+    planned = s.draft_passes(at_once)
+    assert planned == (passes if mode == "cost" else s.num_steps - 1)
+    levels = 1
+    while levels < s.num_steps and s.keep_drafting(by_pass, _levels(full, levels)):  # a pass per level but the last
+        levels += 1
+    assert levels == planned + 1
+    s.drafted(at_once, _levels(full, planned + 1))
+    assert (at_once.passes, at_once.checked) == (by_pass.passes, by_pass.checked) == (planned, at_once.checked)
+    assert torch.equal(at_once.stage, by_pass.stage) and torch.equal(at_once.exit_depth, by_pass.exit_depth)
 
 
 def test_the_same_decisions_read_the_host_without_sync_free():

@@ -57,10 +57,10 @@ def _lm_head_small_batch(original, processor, hidden_states, lm_head, embedding_
         and getattr(processor, "rl_on_policy_target", None) is None
         and not seams.USES_AMX.resolve()(lm_head)
     )
-    logits = linear.rows_linear(hidden_states, weight) if plain else None
-    if logits is None:
+    if not (plain and linear.applies(hidden_states, weight)):
         return original(processor, hidden_states, lm_head, embedding_bias, *args, **kwargs)
-    return logits  # contiguous, as SGLang's own logits are: grammar masks are applied in place
+    # contiguous, as SGLang's own logits are: grammar masks are applied in place
+    return linear.rows_linear_kernel(hidden_states, weight)
 
 
 def _fork_subprocesses(result, server_args, *args, **kwargs):

@@ -27,6 +27,7 @@ from typing import Optional
 import numba
 import numpy as np
 import torch
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 # Above this many rows torch's GEMM is as fast or faster (SmolLM2's shapes: 16 rows already are).
 MAX_ROWS = 12
@@ -109,14 +110,37 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+def _rows_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    out = rows_linear(x, weight, bias)
+    if out is None:
+        raise ValueError(f"sglang_cpu_port.rows_linear does not compute x {tuple(x.shape)} {x.dtype} @ "
+                         f"weight {tuple(weight.shape)} {weight.dtype}^T (see sglang_cpu_port.linear.applies)")
+    return out
+
+
+# The kernel as a torch op, for graph captures: ``make_fx`` (``sglang_graft.graphs``) records the op as
+# one opaque node, where tracing :func:`rows_linear` as Python would freeze its numpy buffers into the
+# graph as constants (a replay would return the capture's result). Outside a trace the Python call
+# is taken: the op's dispatch costs ~9 us a call (x 210 linears of a SmolLM2 forward).
+_LIB = torch.library.Library("sglang_cpu_port", "FRAGMENT")
+_LIB.define("rows_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_LIB.impl("rows_linear", _rows_linear_op, "CPU")
+
+
+def rows_linear_kernel(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """:func:`rows_linear` where :func:`applies` holds: a Python call, or the op under a ``make_fx`` trace."""
+    if get_proxy_mode() is not None:
+        return torch.ops.sglang_cpu_port.rows_linear(x, weight, bias)
+    return _rows_linear_op(x, weight, bias)
+
+
 def _linear_method_apply(original, method, layer, x, bias=None, *args, **kwargs):
     """AROUND SGLang's ``UnquantizedLinearMethod.apply`` on CPU: :func:`rows_linear` where it
     applies and SGLang would take its plain ``F.linear`` (no AMX packing), SGLang's otherwise."""
     from sglang_graft.sglang import seams
 
     weight = getattr(layer, "weight", None)
-    if not args and not kwargs and isinstance(weight, torch.Tensor) and not seams.USES_AMX.resolve()(layer):
-        out = rows_linear(x, weight, bias)
-        if out is not None:
-            return out
+    if (not args and not kwargs and isinstance(weight, torch.Tensor) and applies(x, weight)
+            and not seams.USES_AMX.resolve()(layer)):
+        return rows_linear_kernel(x, weight, bias)
     return original(method, layer, x, bias, *args, **kwargs)

@@ -280,11 +280,7 @@ class GraftStepper:
             plan.passes += 1
             return True
         depth = pool.num_steps - 1
-        while plan.checked < len(self.checkpoints) and self.checkpoints[plan.checked] <= depth:
-            c = confidence_at_checkpoints(pool, (self.checkpoints[plan.checked],))[:, 0]
-            failed = (plan.stage == len(self.checkpoints)) & (c < self.cfg.thresholds[plan.checked])
-            plan.stage = torch.where(failed, plan.checked, plan.stage)
-            plan.checked += 1
+        self._check_levels(plan, pool, depth)
         if plan.planned_passes is not None:
             stop = plan.passes >= plan.planned_passes
         else:
@@ -295,6 +291,36 @@ class GraftStepper:
             return False
         plan.passes += 1
         return True
+
+    def _check_levels(self, plan: StepPlan, pool: DraftPool, depth: int) -> None:
+        """Record the pruning stage of every confidence checkpoint at a depth up to ``depth`` not
+        checked yet (``pool`` may hold deeper levels: a checkpoint reads its own levels only)."""
+        while plan.checked < len(self.checkpoints) and self.checkpoints[plan.checked] <= depth:
+            c = confidence_at_checkpoints(pool, (self.checkpoints[plan.checked],))[:, 0]
+            failed = (plan.stage == len(self.checkpoints)) & (c < self.cfg.thresholds[plan.checked])
+            plan.stage = torch.where(failed, plan.checked, plan.stage)
+            plan.checked += 1
+
+    def draft_passes(self, plan: StepPlan) -> Optional[int]:
+        """The draft passes of the step when they are decided before the draft runs (the fixed
+        budget runs them all; sync-free steps plan them), else None (decided level by level)."""
+        if not self.cost_aware:
+            return self.num_steps - 1
+        return plan.planned_passes
+
+    def drafted(self, plan: StepPlan, pool: DraftPool) -> None:
+        """The bookkeeping :meth:`keep_drafting` does pass by pass, for a draft of
+        :meth:`draft_passes` passes run in one go (a captured draft loop): ``pool`` holds its
+        ``passes + 1`` levels. Worked example, ``num_steps`` 6, 3 passes planned: pass by pass,
+        ``keep_drafting`` is asked before passes 0..3 (depths 0..3) and says no at depth 3; so the
+        checkpoints at depths <= 3 are recorded, ``passes`` is 3 and ``exit_depth`` 3. With all 5
+        passes planned it is asked at depths 0..4 only (the last level feeds no pass)."""
+        depth = pool.num_steps - 1
+        plan.passes = depth
+        if not self.cost_aware:
+            return
+        self._check_levels(plan, pool, min(depth, self.num_steps - 2))
+        plan.exit_depth.fill_(depth)
 
     def _deeper_pays(self, plan: StepPlan, pool: DraftPool, alive: torch.Tensor) -> bool:
         """Would another draft level raise the best expected tokens per second? Never when no

@@ -62,13 +62,14 @@ class _DraftRecorder:
     tokens and probabilities, and the KV plan of ``prepare_for_draft``; before each draft pass it
     asks the stepper whether the pass is worth running."""
 
-    def __init__(self, stepper: GraftStepper, plan: Optional[StepPlan], topk: int, first_probs) -> None:
+    def __init__(self, stepper: Optional[GraftStepper], plan: Optional[StepPlan], topk: int, first_probs) -> None:
+        """``stepper`` None: record only (a captured draft loop: no pass stopped, none timed)."""
         self.stepper, self.plan, self.topk = stepper, plan, topk
         # A chain draft on CUDA plans the iteration's whole KV write window, N slots past each
         # request's length, before drafting; verify then reads N slots. Only a server with one
         # budget knows this step's N then: with several, the window is left to verify (the path
         # SGLang takes for trees and for chains with N <= num_steps).
-        self.plan_window = len(stepper.budgets) == 1
+        self.plan_window = stepper is not None and len(stepper.budgets) == 1
         self.lists: tuple[list, list, list] = ([], [], [])
         self.chain_tokens: list[torch.Tensor] = []
         self.chain_probs: list[torch.Tensor] = [first_probs] if first_probs is not None else []
@@ -102,7 +103,7 @@ class _DraftRecorder:
                 self.chain_tokens.append(forward_batch.input_ids.reshape(-1).to(torch.int64))
             if self.plan is not None and not self.stepper.keep_drafting(self.plan, self.pool()):
                 raise _StopDraft
-            with self.stepper.timer.phase("draft"):
+            with self.stepper.timer.phase("draft") if self.stepper is not None else contextlib.nullcontext():
                 out = forward(forward_batch, *args, **kwargs)
             if self.topk == 1:
                 self.chain_probs.append(max_prob(out.logits_output.next_token_logits))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -17,6 +18,8 @@ import torch
 
 from sglang_graft.config import GraftConfig
 from sglang_graft.sglang import seams
+from sglang_graft.engine.tree_graph import POISON_ENV
+from sglang_graft.sglang.draft_graph import CapturedDraftRunner
 from sglang_graft.sglang.draft_runner import DraftRunner, EagerDraftRunner, max_prob
 from sglang_graft.engine.retrieval_state import GraftRetrieval, NotAdmittedError
 from sglang_graft.engine.step import GraftStepper, PlainPlan, StepPlan
@@ -127,6 +130,9 @@ class GraftDraftWorker(EagleDraftWorker):
         self.context = context
         self.runner: DraftRunner = EagerDraftRunner()
         super().__init__(*args, **kwargs)
+        graph = context.cfg.resolved_graph()
+        if graph != "off":
+            self.runner = CapturedDraftRunner(graph, poison=os.environ.get(POISON_ENV) == "1")
 
     def _capture_cuda_graphs(self):
         super()._capture_cuda_graphs()

@@ -111,6 +111,10 @@ SELECT_TOP_K = Seam(f"{_SW}.eagle_worker_v2.select_top_k_tokens",
 SELECT_LATER = Seam(f"{_SW}.spec_utils._select_top_k_tokens_later",
                     "run draft levels 1+ eagerly on CPU: torch.compile specialises on the level index, so a draft "
                     "that stops at varying depths recompiles (about a second each) in the middle of serving")
+DRAFT_FORWARD = Seam(f"{_SW}.eagle_worker_v2.EagleDraftWorker.draft_forward",
+                     "capture SGLang's draft loop, run for a planned depth, as one graph (--speculative-graft-graph)")
+AMX_DRAFT_BACKEND = Seam("sglang.srt.layers.attention.intel_amx_backend.IntelAMXMultiStepDraftBackend",
+                         "keep the CPU draft attention metadata in static buffers a captured draft loop reads")
 PREPARE_FOR_DRAFT = Seam(f"{_SW}.eagle_worker_v2.prepare_for_draft",
                          "keep the draft's KV plan when drafting stops early")
 GRAPH_BACKEND_CHECK = Seam(f"{_SW}.eagle_worker_v2.check_cuda_graph_backend",

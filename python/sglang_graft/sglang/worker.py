@@ -355,6 +355,22 @@ seams.check_overrides(GraftWorkerV2, seams.EAGLE_WORKER, seams.WORKER_OVERRIDES)
 _WORKERS: list[GraftWorkerV2] = []
 
 
+def _graph_stats(worker: GraftWorkerV2) -> dict:
+    """``graft.graph``: ``{mode, captured, replays}`` over the tree build's graphs and the draft
+    loop's, and each one's own report (``tree``, ``draft``; the draft's says why it runs eagerly
+    where it does)."""
+    tree = worker.stepper.tree_graphs
+    if tree is None:
+        return {"mode": "off", "captured": 0, "replays": 0}
+    parts = {"tree": tree.stats()}
+    runner = worker._draft_worker.runner if worker._draft_worker is not None else None
+    if runner is not None:
+        parts["draft"] = runner.stats()
+    modes = sorted({p["mode"] for p in parts.values() if p["captured"]})
+    return {"mode": "+".join(modes) or parts["tree"]["mode"], "captured": sum(p["captured"] for p in parts.values()),
+            "replays": sum(p["replays"] for p in parts.values()), **parts}
+
+
 def server_counters() -> Optional[dict]:
     """GRAFT's server-wide counters, store usage and step economy of this process's worker, or None."""
     if not _WORKERS:
@@ -363,8 +379,7 @@ def server_counters() -> Optional[dict]:
     retrieval = worker.retrieval
     out = {**retrieval.counters.as_dict(), **retrieval.store_usage(), "economy": worker.stepper.as_dict(),
            "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free,
-           "graph": (worker.stepper.tree_graphs.stats() if worker.stepper.tree_graphs is not None
-                     else {"mode": "off", "captured": 0, "replays": 0})}
+           "graph": _graph_stats(worker)}
     if worker._draft_worker is not None:
         out["verify_masks"] = dict(worker.mask_modes)  # "<target backend>:<mask layout>": steps
     if worker.attention_kernels is not None:
