@@ -160,11 +160,13 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     ("tree-fixed-shadow", ["--speculative-graft-budget-mode", "fixed", "--speculative-graft-graph", "shadow"]),
 ])
 def test_graft_tree_build_from_captured_graphs(tiny_models, server_logs, reference, tmp_path, mode, extra):
-    """``--speculative-graft-graph``: every speculative step's tree (prune, graft, flatten, mask)
-    replayed from a graph captured through the CPU stand-in, token-exact, alone and under
-    concurrency; what the graphs own is poisoned before every replay (a consumer that held a
-    tree past its step would read NaN / -1). Step costs pinned (the budgets and so the graphs
-    captured do not depend on the machine's load)."""
+    """``--speculative-graft-graph``: every speculative step's tree (prune, graft, flatten, mask),
+    and its draft loop where the depth is known before the draft, replayed from graphs captured
+    through the CPU stand-in per batch-size bucket, token-exact, alone and under concurrency (6
+    requests: padded batches); what the graphs own is poisoned before every replay (a consumer
+    that held a tree or pool past its step would read NaN / -1). Step costs pinned (the budgets and
+    so the graphs captured do not depend on the machine's load). The graph report is kept next to
+    the server log."""
     ids, ref = reference
     env = {**COUNT_READS, **pinned_env(tmp_path / "pinned"), "SGLANG_GRAFT_GRAPH_POISON": "1"}
     with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, *extra),
@@ -178,6 +180,7 @@ def test_graft_tree_build_from_captured_graphs(tiny_models, server_logs, referen
     assert [o["output_ids"] for o in outs] == ref
     assert [o["output_ids"] for o in together] == [ref[i][:n] for i, n in enumerate(lengths)]
     graph, economy = graft["graph"], graft["economy"]
+    (server_logs / f"graft-graph-{mode}.json").write_text(json.dumps({"graph": graph, "steps": economy["steps"]}))
     tree, draft = graph["tree"], graph["draft"]
     speculative = economy["steps"] - economy["plain_steps"]
     assert graph["mode"] == tree["mode"] == "standin" and 0 < tree["captured"] < tree["replays"], graph
@@ -188,6 +191,7 @@ def test_graft_tree_build_from_captured_graphs(tiny_models, server_logs, referen
         assert draft["mode"] == "standin" and draft["eager_steps"] == 0, graph
         assert 0 < draft["captured"] < draft["replays"] == speculative, graph
         assert graph["replays"] == 2 * speculative
+        assert draft["padded_replays"] > 0 and tree["padded_replays"] > 0, graph  # batches of 3, 5, 6 padded
     assert graft["accepted_retrieved_tokens"] > 0
     assert "Traceback" not in log
     if mode.endswith("shadow"):

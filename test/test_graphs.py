@@ -314,6 +314,37 @@ def test_tree_graphs_replay_the_stepper_build_exactly():
         graphs(pool, root, props, lens, 4, PruneConfig(), "deepest_draft")
 
 
+def test_tree_graphs_pad_a_batch_to_its_bucket():
+    """Batches of 3 and 4 share the graph of bucket 4, 5..8 that of 8 (a padded request repeats the
+    last one, its rows are dropped): every replay equals the eager build of the real batch, what
+    the graphs own poisoned before each replay."""
+    from sglang_graft.engine.tree_graph import TreeGraphs
+
+    graphs, gen = TreeGraphs("shadow", poison=True), torch.Generator().manual_seed(11)
+    config = PruneConfig((0, 1), (0.35, 0.25), (7, 7))
+    for bs in (3, 4, 3, 5, 8, 7):
+        pool, root, props, lens, keep, limit = _tree_inputs(bs, 3, 8, gen)
+        step = graphs(pool, root, props, lens, 8, config, num_keep=keep, depth_limit=limit)
+        want = build_graft_tree(pool, root, props, lens, 8, config, num_keep=keep, depth_limit=limit)
+        assert step.layout.draft_token.shape == want.layout.draft_token.shape == (bs * 8,)
+        assert torch.equal(step.tree.tokens, want.tree.tokens)
+    assert sorted(k[-1][0][0][0] for k in graphs.cache.graphs) == [4, 8]  # the buckets captured
+    assert graphs.stats()["replays"] == 6 and graphs.shadow_mismatches == 0, graphs.stats()
+
+
+@pytest.mark.parametrize("bs,bucket", [(1, 1), (2, 2), (3, 4), (5, 8), (12, 12), (13, 16), (25, 32), (33, 48)])
+def test_batch_buckets_and_padding(bs, bucket):
+    from sglang_graft.graphs import batch_bucket, pad_rows
+
+    assert batch_bucket(bs) == bucket
+    t = torch.arange(bs * 2 * 3).view(bs * 2, 3)  # two rows per request
+    padded = pad_rows(t, bs, bucket)
+    assert padded.shape == (bucket * 2, 3) and torch.equal(padded[: bs * 2], t)
+    assert all(torch.equal(padded[2 * i: 2 * i + 2], t[-2:]) for i in range(bs, bucket))  # the last request
+    slots = pad_rows(t[:, 0].contiguous(), bs, bucket, fill=0)
+    assert torch.equal(slots[: bs * 2], t[:, 0]) and not slots[bs * 2:].any()
+
+
 def test_tree_graphs_shadow_counts_a_mismatch():
     """The shadow check fails when the replay is stale: a graph whose static input is re-bound
     (the build's copy goes to a tensor the graph no longer reads)."""

@@ -14,7 +14,7 @@ from sglang_graft.engine.budget import (AcceptanceCalibration, StepCost, choose_
                                         fit_context_slope, path_values)
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.retrieval_state import GraftRetrieval
-from sglang_graft.engine.step import GraftStepper
+from sglang_graft.engine.step import GraftStepper, PlainPlan
 from sglang_graft.retrieval import RecycleSource, StoreSource
 from sglang_graft.tree import chain_pool
 from test_tree_support import random_pool
@@ -575,3 +575,19 @@ def test_exploring_budget_one_is_a_plain_step():
     assert plan is not None and plan.explore
     s.stats.steps = 1
     assert s.plain_plan(["a"]) is None  # exploring N = 2 is speculative
+
+
+def test_a_step_that_captured_a_graph_is_not_a_cost_sample(monkeypatch):
+    """With ``--speculative-graft-graph`` a step may capture a graph (a second or more on a CPU):
+    its times are the capture's, so the cost model does not learn from that step."""
+    from sglang_graft.graphs import capture
+
+    s = _stepper("cost")
+    samples = []
+    monkeypatch.setattr(s.cost, "observe", lambda **kw: samples.append(kw))
+    for captures in (False, True, False):
+        s.timer.begin()
+        if captures:
+            capture(lambda t: t + 1, [torch.zeros(2)], backend="standin")
+        s.end_step(PlainPlan(rids=["a"]), bs=1)
+    assert len(samples) == 2 and s.stats.steps == 3

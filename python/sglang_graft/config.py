@@ -36,8 +36,9 @@ PLACEMENTS = ("root", "deepest_draft")
 RECYCLE_SCOPES = ("shared", "tenant", "request")
 # How the verify budget is chosen: per step from measured costs and calibrated node values, or fixed.
 BUDGET_MODES = ("cost", "fixed")
-# --speculative-graft-graph: the tree build replayed from captured graphs (on), also checked against
-# an eager build every step (shadow, a test mode), eager (off); auto: off until the CUDA capture has run
+# --speculative-graft-graph: the tree build, and the draft loop where its depth is known before it runs,
+# replayed from captured graphs (on), also checked against eager runs every step (shadow, a test mode),
+# eager (off); auto: off until the CUDA capture has run
 GRAPH_MODES = ("auto", "on", "off", "shadow")
 # Whether the decode step may read device values on the host: ``on`` never (decisions and retrieval
 # from results two worker calls old, re-rooted on the device), ``off`` (fresh values, host reads),
@@ -183,10 +184,11 @@ _FLAGS: dict[str, dict[str, Any]] = {
                         "step (the roots verified alone; no retrieval, draft pass or tree; a speculative step "
                         "measures again after 8). Not in sync-free mode."),
     "graph": dict(choices=GRAPH_MODES, help="on: build each step's tree (prune, graft, flatten, mask) by replaying "
-                  "a graph captured per budget and input shapes (CUDA graphs on CUDA, a stand-in with CUDA-graph "
-                  "semantics on a CPU; the draft passes stay eager); shadow: on, and each replayed tree checked "
-                  "against an eager build (a test mode, host reads); off: eager; auto: off (the CUDA capture "
-                  "has not run on a GPU yet)."),
+                  "a graph captured per budget, batch-size bucket and input shapes (CUDA graphs on CUDA, a stand-in "
+                  "with CUDA-graph semantics on a CPU), and, where the draft depth is known before the draft (the "
+                  "fixed budget, sync-free steps), run the draft loop from a graph per bucket and depth (on a CPU; "
+                  "eager on CUDA and with tensor parallelism); shadow: on, and each replay checked against an "
+                  "eager run (a test mode, host reads); off: eager; auto: off (no capture has run on a GPU yet)."),
     "per_step_metrics": dict(action=argparse.BooleanOptionalAction, help="Report GRAFT's counts per verify step "
                              "in each response's meta_info (per-step acceptance patterns can fingerprint content); "
                              "by default responses carry per-request totals."),

@@ -46,7 +46,7 @@ import torch
 
 from .tree.guards import FORBIDDEN_OPS, HostReadCounter
 
-__all__ = ["GraphCaptureError", "CapturedGraph", "capture", "GraphCache"]
+__all__ = ["GraphCaptureError", "CapturedGraph", "capture", "capture_count", "GraphCache", "BATCH_BUCKETS", "batch_bucket", "copy_rows_", "pad_rows"]
 
 _EMPTY_OPS = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"})
 # Ops whose output shape depends on values (make_fx in real mode traces them without complaint).
@@ -244,6 +244,14 @@ def _capture_cuda(flat_fn: Callable, inputs: tuple, warmup: int, name: str) -> t
     return graph.replay, outputs, owned, None, nbytes
 
 
+_CAPTURES = [0]  # graphs captured by this process
+
+
+def capture_count() -> int:
+    """Graphs captured by this process so far (a step that captured one took the capture's time)."""
+    return _CAPTURES[0]
+
+
 def capture(fn: Callable[..., Any], static_inputs: Sequence[torch.Tensor], *, backend: str = "auto",
             poison: bool = False, warmup: int = 2, name: Optional[str] = None) -> CapturedGraph:
     """Capture ``fn(*static_inputs)`` as a graph (see the module docstring for the semantics).
@@ -286,8 +294,52 @@ def capture(fn: Callable[..., Any], static_inputs: Sequence[torch.Tensor], *, ba
     if not flat_outputs:
         raise GraphCaptureError(f"graph {name!r}: fn returned no tensor")
     outputs = _unflatten(spec[0], iter(flat_outputs))
+    _CAPTURES[0] += 1
     return CapturedGraph(name, backend, run, inputs, outputs, owned, time.perf_counter() - start, nodes, nbytes,
                          poison)
+
+
+# Batch sizes a graph is captured for (SGLang's CUDA-graph sizes up to 32, then every 16): a batch
+# runs the graph of the smallest bucket that holds it, padded (see :func:`pad_rows`).
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32)
+
+
+def batch_bucket(bs: int) -> int:
+    """The captured batch size a batch of ``bs`` requests runs at: ``3 -> 4``, ``13 -> 16``, ``40 -> 48``."""
+    if bs < 1:
+        raise ValueError(f"batch size must be >= 1, got {bs}")
+    for b in BATCH_BUCKETS:
+        if bs <= b:
+            return b
+    return -(-bs // 16) * 16
+
+
+def copy_rows_(dst: torch.Tensor, src: torch.Tensor, bs: int, fill: Optional[int] = None) -> torch.Tensor:
+    """Copy ``src`` (``[bs * m, ...]``: ``m`` rows per request) into ``dst`` (``[bucket * m, ...]``,
+    ``bucket >= bs``), padded: the padding repeats the last request's ``m`` rows (a padded request
+    computes what that request computes, so every index it reads is valid), or is ``fill`` (e.g. a
+    KV slot nothing reads). Returns ``dst``.
+
+    Worked example: ``src = [[a], [b], [c]]`` (``bs`` 3, ``m`` 1) into 4 rows -> ``[[a], [b], [c], [c]]``."""
+    if src.shape[0] % bs or dst.shape[1:] != src.shape[1:] or dst.shape[0] % max(src.shape[0] // bs, 1):
+        raise ValueError(f"cannot pad {tuple(src.shape)} ({bs} requests) into {tuple(dst.shape)}")
+    m = src.shape[0] // bs
+    bucket = dst.shape[0] // m if m else bs
+    dst[: bs * m].copy_(src)
+    if bucket > bs and m:
+        rest = dst[bs * m:]
+        if fill is not None:
+            rest.fill_(fill)
+        else:
+            last = src[(bs - 1) * m:].unsqueeze(0)
+            rest.view(bucket - bs, m, *src.shape[1:]).copy_(last.expand(bucket - bs, *last.shape[1:]))
+    return dst
+
+
+def pad_rows(t: torch.Tensor, bs: int, bucket: int, fill: Optional[int] = None) -> torch.Tensor:
+    """A new ``[bucket * m, ...]`` tensor: ``t`` (``[bs * m, ...]``) padded as :func:`copy_rows_` pads."""
+    m = t.shape[0] // bs if bs else 0
+    return copy_rows_(t.new_empty((bucket * m, *t.shape[1:])), t, bs, fill)
 
 
 class GraphCache:

@@ -42,6 +42,7 @@ from sglang_graft.engine.budget import (
     path_values,
 )
 from sglang_graft.config import GraftConfig
+from sglang_graft.graphs import capture_count
 from sglang_graft.engine.lagged import LaggedEntry
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.tree_graph import POISON_ENV, TreeGraphs
@@ -164,6 +165,7 @@ class GraftStepper:
         self.tree_graphs = (TreeGraphs(graph, poison=os.environ.get(POISON_ENV) == "1")
                             if graph != "off" else None)
         self.build_tree = self.tree_graphs or build_graft_tree
+        self._captures = capture_count()  # graphs captured in this process when the last step ended
         # [C + 1] bool per pruning stage: whether it keeps any draft node (a keep fraction above 0)
         table = self.prune[self.max_nodes].keep_table(self.max_nodes)
         self._may_keep_draft = torch.tensor([k > 0 for k in table], dtype=torch.bool, device=device)
@@ -449,10 +451,13 @@ class GraftStepper:
         its events have completed); counters. A plain step's times feed its verify cell only (its
         retrieval, tree and draft time are none, and would make a speculative step look cheaper)."""
         plain = isinstance(plan, PlainPlan)
-        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes, plain, plan.context))
+        # a step that captured a graph (--speculative-graft-graph) timed the capture: not a cost sample
+        captured, self._captures = capture_count() != self._captures, capture_count()
+        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes, plain, plan.context,
+                                                             captured))
         for phases, step in observed:
-            if step is not None:
-                b, n, passes, was_plain, context = step
+            if step is not None and not step[-1]:
+                b, n, passes, was_plain, context, _ = step
                 self.cost.observe(bs=b, num_nodes=n, verify_s=phases["verify"] + phases["draft_extend"],
                                   passes=passes, draft_s=phases["draft"], context=context,
                                   fixed_s=None if was_plain else phases["retrieval"] + phases["tree"] + phases["other"])

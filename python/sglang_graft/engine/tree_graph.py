@@ -7,7 +7,9 @@ on CUDA, the stand-in with CUDA-graph semantics on a CPU), one graph per
     key = (N, prune config, placement, the shapes and dtypes of every input tensor,
            which of num_keep / depth_limit are given, the pool's topk and num_steps)
 
-so a batch size, a pool size (the draft depth reached) and a proposal width each have their own.
+so a batch-size bucket (``graphs.batch_bucket``: a batch of 3 runs the graph of 4, its last request
+repeated in the padding row, whose results are dropped), a pool size (the draft depth reached) and a
+proposal width each have their own.
 Each call copies its inputs into the graph's static inputs (``copy_``, no host read) and replays;
 the returned :class:`~sglang_graft.tree.GraftStep` is the graph's: its tensors are overwritten by
 the next replay of the same graph (the step consumes them before its next tree build).
@@ -18,7 +20,7 @@ output tensor (``torch.equal``; this reads values on the host, a test mode): ``s
 step goes on with the replayed tree either way.
 
 Worked example: a batch of 3 with a draft of 2 levels at topk 4 (pool ``M = 4 + 16 = 20``), 6
-retrieved nodes per request, ``N = 8``: key ``(8, cfg, "root", ((3, 20) int64, ...), ...)``; the first
+retrieved nodes per request, ``N = 8``: key ``(8, cfg, "root", ((4, 20) int64, ...), ...)``; the first
 such step captures (warm-up under the host-read guard, then the capture), later ones replay.
 
 What stays eager: the draft passes (SGLang's draft model and its attention backends) and the
@@ -34,7 +36,7 @@ from typing import Optional, Union
 
 import torch
 
-from sglang_graft.graphs import GraphCache
+from sglang_graft.graphs import GraphCache, batch_bucket, copy_rows_, pad_rows
 from sglang_graft.tree import DraftPool, GraftStep, PruneConfig, RetrievalProposals, build_graft_tree
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,20 @@ def _leaves(step: GraftStep) -> dict[str, torch.Tensor]:
     return out
 
 
+def _first_rows(step: GraftStep, bs: int, bucket: int) -> GraftStep:
+    """The first ``bs`` requests' rows of a step built for ``bucket`` (every tensor of a
+    :class:`GraftStep` holds ``m`` rows per request: ``[bucket * m, ...]``); views, no copy."""
+    if bs == bucket:
+        return step
+    parts = {}
+    for part in dataclasses.fields(step):
+        value = getattr(step, part.name)
+        parts[part.name] = dataclasses.replace(value, **{
+            f.name: t[: t.shape[0] // bucket * bs] for f in dataclasses.fields(value)
+            for t in [getattr(value, f.name)] if isinstance(t, torch.Tensor)})
+    return dataclasses.replace(step, **parts)
+
+
 class TreeGraphs:
     """``build_graft_tree`` with the signature the stepper calls, through captured graphs."""
 
@@ -74,6 +90,7 @@ class TreeGraphs:
         self.cache = GraphCache(backend=backend, poison=poison)
         self.shadow_steps = 0
         self.shadow_mismatches = 0
+        self.padded_replays = 0  # replays of a batch smaller than its bucket
 
     def __call__(self, pool: DraftPool, root_tokens: torch.Tensor,
                  proposals: Union[RetrievalProposals, callable], seq_lens: torch.Tensor, num_nodes: int,
@@ -84,10 +101,12 @@ class TreeGraphs:
         if callable(proposals):
             proposals = proposals(root_tokens.to(torch.int64))
         optional = [t for t in (num_keep, depth_limit) if t is not None]
-        inputs = [*_tensors(pool), root_tokens, *_tensors(proposals), seq_lens, *optional]
+        inputs = [*_tensors(pool), root_tokens, *_tensors(proposals), seq_lens, *optional]  # each [bs, ...]
         n_pool, n_prop = len(_tensors(pool)), len(_tensors(proposals))
+        bs = root_tokens.shape[0]
+        bucket = batch_bucket(bs)
         key = (num_nodes, config, placement, pool.topk, pool.num_steps, num_keep is not None,
-               depth_limit is not None, tuple((tuple(t.shape), t.dtype, str(t.device)) for t in inputs))
+               depth_limit is not None, tuple(((bucket, *t.shape[1:]), t.dtype, str(t.device)) for t in inputs))
 
         def fn_factory():
             def build(*static):
@@ -108,10 +127,11 @@ class TreeGraphs:
 
             return build
 
-        graph = self.cache.get_or_capture(key, fn_factory, lambda: [t.clone() for t in inputs])
+        graph = self.cache.get_or_capture(key, fn_factory, lambda: [pad_rows(t, bs, bucket) for t in inputs])
         for static, t in zip(graph.static_inputs, inputs):
-            static.copy_(t)
-        step = graph.replay()
+            copy_rows_(static, t, bs)
+        step = _first_rows(graph.replay(), bs, bucket)
+        self.padded_replays += bs < bucket
         if self.mode == "shadow":
             self._compare(step, build_graft_tree(pool, root_tokens, proposals, seq_lens, num_nodes, config, placement,
                                                  num_keep=num_keep, depth_limit=depth_limit))
@@ -128,7 +148,8 @@ class TreeGraphs:
 
     def stats(self) -> dict:
         """``/server_info`` ``graft.graph``."""
-        out = {**self.cache.stats(), "capture_s": round(sum(g.capture_seconds for g in self.cache.graphs.values()), 3)}
+        out = {**self.cache.stats(), "capture_s": round(sum(g.capture_seconds for g in self.cache.graphs.values()), 3),
+               "bytes": sum(g.bytes for g in self.cache.graphs.values()), "padded_replays": self.padded_replays}
         if self.mode == "shadow":
             out.update(shadow_steps=self.shadow_steps, shadow_mismatches=self.shadow_mismatches)
         return out

@@ -5,7 +5,8 @@ SGLang 0.5.23's own ``EagleDraftWorker.draft_forward`` for a depth decided befor
 fixed budget drafts every level; a sync-free step plans its passes, ``GraftStepper.draft_passes``)
 as one graph captured through :mod:`sglang_graft.graphs`, per
 
-    key = (batch size, draft passes, sampling mode, shapes and dtypes of every input tensor)
+    key = (batch-size bucket, draft passes, sampling mode, draft levels of the backend,
+           shapes and dtypes of every input tensor at the bucket)
 
 whose output is the candidate pool GRAFT prunes (``tree.DraftPool``: ``[bs, M]`` tokens, parents,
 path scores), not SGLang's top-N selection. The graph reads:
@@ -21,16 +22,22 @@ path scores), not SGLang's top-N selection. The graph reads:
   ``init_forward_metadata_out_graph`` does the same on CUDA);
 * weights, the KV pools and the token tables, bound by identity (updated in place between replays).
 
+A batch runs the graph of its bucket (``graphs.batch_bucket``: 1, 2, 4, 8, 12, 16, 24, 32, then every
+16), padded: a padded request repeats the batch's last request in every input (so each index it
+reads is valid) except its draft KV slots, which are slot 0, the KV pool's slot for padded tokens;
+the pool's padded rows are dropped.
+
 A step whose depth is decided level by level (the cost-aware budget off the sync-free path: a pass
 runs only while a level still pays, read on the host between passes) drafts eagerly
 (``eager_steps`` in :meth:`CapturedDraftRunner.stats`); so do idle batches. ``shadow`` also runs
-the draft eagerly after each replay and compares the pools (``shadow_steps`` /
-``shadow_mismatches``).
+the replayed (padded) batch eagerly after each replay and compares the pools bit for bit
+(``shadow_steps`` / ``shadow_mismatches``).
 
-Worked example: a batch of 2 at topk 4, 6 steps, fixed budget: every step drafts 5 passes, key
-``(2, 5, greedy, ...)``: the first such step captures (two warm-ups under the host-read guard, the
-trace, one run), later ones copy the batch in and replay; the pool ``[2, 4 + 5 * 16 = 84]``
-is the graph's, overwritten by its next replay (the tree build consumes it first).
+Worked example: a batch of 3 at topk 4, 6 steps, fixed budget: every step drafts 5 passes, key
+``(4, 5, greedy, ...)``: the first such step captures (two warm-ups under the host-read guard, the
+trace, one run), later ones (batches of 3 or 4) copy the batch in and replay; the pool
+``[3, 4 + 5 * 16 = 84]`` is a view of the graph's ``[4, 84]``, overwritten by its next replay (the
+tree build consumes it first).
 
 Captured on a CPU only (the stand-in): on CUDA, SGLang's draft attention backends need their own
 graph-safe metadata path (``init_forward_metadata_capture/replay_cuda_graph``), not written yet, so
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 from types import SimpleNamespace
 from typing import Optional
@@ -49,9 +57,9 @@ from typing import Optional
 import torch
 
 from sglang_graft.engine.step import StepPlan
-from sglang_graft.graphs import GraphCache
+from sglang_graft.graphs import GraphCache, batch_bucket, copy_rows_, pad_rows
 from sglang_graft.sglang import seams
-from sglang_graft.sglang.draft_runner import Drafted, EagerDraftRunner, _DraftRecorder
+from sglang_graft.sglang.draft_runner import DraftRecorder, Drafted, EagerDraftRunner
 from sglang_graft.tree import DraftPool
 
 logger = logging.getLogger(__name__)
@@ -60,6 +68,7 @@ EagleDraftWorker = seams.EAGLE_DRAFT_WORKER.resolve()
 is_cpu = seams.IS_CPU.resolve()
 _PARTS = ("", "spec_info", "sampling_info")  # the ForwardBatch and the records on it whose tensors are inputs
 _METADATA = ("forward_metadata", "draft_decode_metadata")  # what each level's intel_amx backend reads
+_POOL_TENSORS = ("tokens", "parents", "scores", "depths")
 
 
 def _tensor_names(obj) -> list[str]:
@@ -88,7 +97,7 @@ def draft_levels(worker, fb, passes: int) -> DraftPool:
     steps, topk, bs = worker.speculative_num_steps, worker.topk, fb.batch_size
     fb.out_cache_loc = fb.out_cache_loc.view(bs, topk, steps)[:, :, :passes + 1].reshape(-1)
     first = fb.spec_info.topk_p[:, 0].float() if topk == 1 else None
-    recorder = _DraftRecorder(None, None, topk, first)
+    recorder = DraftRecorder(None, None, topk, first)
     where = f"{seams.EAGLE_DRAFT_WORKER.target}.{seams.DRAFT_RUNNER_FORWARD}"
     with contextlib.ExitStack() as stack:
         stack.enter_context(seams.swapped(seams.ORGANIZE_DRAFT_RESULTS, recorder.organize))
@@ -102,12 +111,36 @@ def draft_levels(worker, fb, passes: int) -> DraftPool:
     return recorder.pool(draft_tokens if topk == 1 else None)
 
 
+def _padding(part: str, name: str) -> Optional[int]:
+    """What a padded request's rows of an input hold: the draft KV slots write to slot 0, the KV
+    pool's slot for padded tokens (nothing reads it); everything else repeats the last request."""
+    return 0 if (part, name) == ("", "out_cache_loc") else None
+
+
+def graph_batch(fb) -> int:
+    """The batch size ``fb`` runs at: its bucket (:func:`~sglang_graft.graphs.batch_bucket`) when every
+    tensor input holds whole per-request blocks of rows, else its own size."""
+    bs = fb.batch_size
+    for part in _PARTS:
+        obj = _part(fb, part)
+        for name in _tensor_names(obj) if obj is not None else ():
+            t = getattr(obj, name)
+            if t.dim() and t.shape[0] % bs:
+                return bs
+    return batch_bucket(bs)
+
+
 class _StaticDraft:
     """One graph's static buffers: a copy of the step's ``ForwardBatch`` whose tensors are buffers
-    (see the module docstring) and the draft attention metadata the graph was captured with."""
+    (see the module docstring) sized for ``bucket`` requests, and the draft attention metadata the
+    graph was captured with. A batch of ``bs <= bucket`` fills the first rows; the padding repeats
+    its last request (:func:`~sglang_graft.graphs.copy_rows_`), whose results are dropped."""
 
-    def __init__(self, fb) -> None:
+    def __init__(self, fb, bucket: int) -> None:
+        bs = fb.batch_size
+        self.bucket = bucket
         self.fb = copy.copy(fb)
+        self.fb.batch_size = bucket
         self.names: list[tuple[str, str]] = []
         for part in _PARTS:
             obj = _part(fb, part)
@@ -116,8 +149,10 @@ class _StaticDraft:
             if part:
                 setattr(self.fb, part, copy.copy(obj))
             for name in _tensor_names(obj):
+                t = getattr(obj, name)
                 self.names.append((part, name))
-                setattr(_part(self.fb, part), name, getattr(obj, name).clone())
+                static = pad_rows(t, bs, bucket, _padding(part, name)) if t.dim() else t.clone()
+                setattr(_part(self.fb, part), name, static)
         self.inputs = tuple(getattr(_part(self.fb, p), n) for p, n in self.names)
         self.metadata: Optional[list[torch.Tensor]] = None  # the draft attention metadata buffers
 
@@ -127,25 +162,29 @@ class _StaticDraft:
             setattr(_part(self.fb, part), name, t)
 
     def fill(self, fb) -> None:
-        """Copy ``fb``'s tensors into the static inputs."""
+        """Copy ``fb``'s tensors into the static inputs (padded to the bucket)."""
         for (part, name), static in zip(self.names, self.inputs):
-            static.copy_(getattr(_part(fb, part), name))
+            t = getattr(_part(fb, part), name)
+            if t.dim():
+                copy_rows_(static, t, fb.batch_size, _padding(part, name))
+            else:
+                static.copy_(t)
 
-    def keep_metadata(self, backend) -> None:
+    def keep_metadata(self, backend, bs: int) -> None:
         """After SGLang's ``init_forward_metadata`` filled ``backend``'s per-level backends with
-        fresh tensors (``forward_metadata``, ``draft_decode_metadata``: tuples): copy them into this
-        graph's buffers (one per tensor, shared where SGLang shares one between levels) and point
-        the backends at those."""
+        fresh tensors for ``bs`` requests (``forward_metadata``, ``draft_decode_metadata``: tuples of
+        ``[bs * topk, ...]`` tensors): copy them, padded, into this graph's buffers (one per tensor,
+        shared where SGLang shares one between levels) and point the backends at those."""
         slots = [(level, attr) for level in backend.attn_backends for attr in _METADATA]
         fresh = [t for level, attr in slots for t in getattr(level, attr) if isinstance(t, torch.Tensor)]
         if self.metadata is None:
             by_id: dict[int, torch.Tensor] = {}
-            self.metadata = [by_id.setdefault(id(t), t.clone()) for t in fresh]
+            self.metadata = [by_id.setdefault(id(t), pad_rows(t, bs, self.bucket)) for t in fresh]
         elif len(fresh) != len(self.metadata):
             raise seams.AMX_DRAFT_BACKEND.error(f"{len(fresh)} draft metadata tensors, {len(self.metadata)} at capture")
         else:
             for static, t in zip(self.metadata, fresh):
-                static.copy_(t)
+                copy_rows_(static, t, bs)
         statics = iter(self.metadata)
         for level, attr in slots:
             setattr(level, attr, tuple(next(statics) if isinstance(t, torch.Tensor) else t
@@ -164,6 +203,7 @@ class CapturedDraftRunner:
         self.eager = EagerDraftRunner()
         self.statics: dict = {}
         self.eager_steps = 0  # speculative steps drafted eagerly
+        self.padded_replays = 0  # replays of a batch smaller than its bucket
         self.why_eager: Optional[str] = None  # why a step whose depth was known drafted eagerly
         self.shadow_steps = 0
         self.shadow_mismatches = 0
@@ -180,7 +220,7 @@ class CapturedDraftRunner:
                                 "build is replayed", self.mode, why)
                 self.why_eager = why or self.why_eager
             return self.eager.run(worker, batch, plan)
-        recorder = _DraftRecorder(stepper, plan, worker.topk, None)  # the KV plan of prepare_for_draft
+        recorder = DraftRecorder(stepper, plan, worker.topk, None)  # the KV plan of prepare_for_draft
         out = {}
 
         def replay(fb):
@@ -208,17 +248,20 @@ class CapturedDraftRunner:
         return Drafted(out["pool"], recorder.kv_loc_plan)
 
     def _replay(self, worker, fb, passes: int, init_metadata) -> DraftPool:
+        bs, bucket = fb.batch_size, graph_batch(fb)
         sampling = getattr(fb, "sampling_info", None)
-        key = (fb.batch_size, passes, getattr(sampling, "is_all_greedy", None), len(worker.draft_attn_backend.attn_backends),
-               tuple((part, name, tuple(t.shape), t.dtype) for part in _PARTS if _part(fb, part) is not None
-                     for name in _tensor_names(_part(fb, part)) for t in [getattr(_part(fb, part), name)]))
+        shapes = tuple((part, name, (t.shape[0] // bs * bucket, *t.shape[1:]) if t.dim() else (), t.dtype)
+                       for part in _PARTS if _part(fb, part) is not None
+                       for name in _tensor_names(_part(fb, part)) for t in [getattr(_part(fb, part), name)])
+        key = (bucket, passes, getattr(sampling, "is_all_greedy", None), len(worker.draft_attn_backend.attn_backends),
+               shapes)
         stepper = worker.context.stepper
         with stepper.timer.phase("draft"):
             init_metadata(fb)  # SGLang's, outside the graph (fresh tensors)
             static = self.statics.get(key)
             if static is None:
-                static = self.statics[key] = _StaticDraft(fb)
-            static.keep_metadata(worker.draft_attn_backend)
+                static = self.statics[key] = _StaticDraft(fb, bucket)
+            static.keep_metadata(worker.draft_attn_backend, bs)
 
             def fn_factory():
                 def draft(*tensors):
@@ -227,25 +270,34 @@ class CapturedDraftRunner:
 
                 return draft
 
+            fresh = key not in self.cache.graphs
             graph = self.cache.get_or_capture(key, fn_factory, lambda: static.inputs)
+            if fresh:
+                logger.info("GRAFT draft graph captured: batch %d (bucket %d), %d passes, %d nodes, %.1f MB, %.2f s",
+                            bs, bucket, passes, graph.nodes or 0, graph.bytes / 2 ** 20, graph.capture_seconds)
             static.fill(fb)  # after a capture too: its runs advanced the positions in place
-            pool = graph.replay()
+            padded = graph.replay()
+            self.padded_replays += bs < bucket
+            pool = dataclasses.replace(padded, **{f: getattr(padded, f)[:bs] for f in _POOL_TENSORS})
         if self.mode == "shadow":
-            self._compare(pool, self._eager_pool(worker, fb, passes))
+            self._compare(padded, self._eager_pool(worker, static, fb, passes))
         return pool
 
     @staticmethod
-    def _eager_pool(worker, fb, passes: int) -> DraftPool:
-        """The same draft run eagerly (shadow mode), on a copy of ``fb`` (the replay's metadata)."""
-        live = copy.copy(fb)
-        live.spec_info = copy.copy(fb.spec_info)
-        live.positions = fb.positions.clone()
-        return draft_levels(worker, live, passes)
+    def _eager_pool(worker, static: _StaticDraft, fb, passes: int) -> DraftPool:
+        """The replayed batch drafted eagerly (shadow mode): the same padded inputs and metadata.
+        (Against the unpadded batch the scores may differ in the last bits: on a CPU a different
+        number of rows can take another matrix-product kernel. Only which candidates are drafted
+        could change, never an output token.)"""
+        static.fill(fb)
+        static.bind(static.inputs)  # the attributes the last trace or run left point at intermediates
+        run = copy.copy(static.fb)
+        run.spec_info = copy.copy(static.fb.spec_info)
+        return draft_levels(worker, run, passes)
 
     def _compare(self, replayed: DraftPool, eager: DraftPool) -> None:
         self.shadow_steps += 1
-        bad = [f for f in ("tokens", "parents", "scores", "depths")
-               if isinstance(getattr(eager, f, None), torch.Tensor) and not torch.equal(getattr(replayed, f), getattr(eager, f))]
+        bad = [f for f in _POOL_TENSORS if not torch.equal(getattr(replayed, f), getattr(eager, f))]
         if bad:
             self.shadow_mismatches += 1
             if self.shadow_mismatches == 1:
@@ -254,7 +306,8 @@ class CapturedDraftRunner:
     def stats(self) -> dict:
         """``/server_info`` ``graft.graph.draft``."""
         out = {**self.cache.stats(), "capture_s": round(sum(g.capture_seconds for g in self.cache.graphs.values()), 3),
-               "bytes": sum(g.bytes for g in self.cache.graphs.values()), "eager_steps": self.eager_steps}
+               "bytes": sum(g.bytes for g in self.cache.graphs.values()), "eager_steps": self.eager_steps,
+               "padded_replays": self.padded_replays}
         if self.why_eager is not None:
             out["why_eager"] = self.why_eager
         if self.mode == "shadow":

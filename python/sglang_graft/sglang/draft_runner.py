@@ -56,7 +56,7 @@ def max_prob(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
 
 
-class _DraftRecorder:
+class DraftRecorder:
     """What SGLang's draft loop computes and then hides, level by level: the candidate lists (in
     place of ``organize_draft_results``, whose top-N selection GRAFT does not use), a chain draft's
     tokens and probabilities, and the KV plan of ``prepare_for_draft``; before each draft pass it
@@ -136,7 +136,7 @@ class EagerDraftRunner:
         idle = plan is None
         stepper = worker.context.stepper
         first = batch.spec_info.topk_p[:, 0].float() if worker.topk == 1 and not idle else None
-        recorder = _DraftRecorder(stepper, plan, worker.topk, first)
+        recorder = DraftRecorder(stepper, plan, worker.topk, first)
         done = SimpleNamespace(draft_tokens=None)
 
         def skip_verify_input(batch, draft_input, parent_list, top_scores_index, draft_tokens, *args, **kwargs):
@@ -167,4 +167,4 @@ class EagerDraftRunner:
         return Drafted(recorder.pool(chain_done), recorder.kv_loc_plan)
 
 
-__all__ = ["DraftRunner", "Drafted", "EagerDraftRunner", "max_prob"]
+__all__ = ["DraftRecorder", "DraftRunner", "Drafted", "EagerDraftRunner", "max_prob"]
