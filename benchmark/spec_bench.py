@@ -193,9 +193,14 @@ def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prom
 
 
 def _economy(srv) -> dict | None:
-    """GRAFT's cumulative step economy from ``/server_info`` (None for other methods)."""
+    """GRAFT's cumulative step economy from ``/server_info`` (None for other methods), with the
+    graph report (``graph``) where the server captured graphs (``--speculative-graft-graph``)."""
     info = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0]
-    return (info.get("graft") or {}).get("economy")
+    graft = info.get("graft") or {}
+    economy = graft.get("economy")
+    if economy is not None and (graft.get("graph") or {}).get("captured"):
+        economy = {**economy, "graph": graft["graph"]}
+    return economy
 
 
 def _counters(eco: dict) -> Counter:
