@@ -5,11 +5,12 @@ SGLang 0.5.23's own ``EagleDraftWorker.draft_forward`` for a depth decided befor
 fixed budget drafts every level; a sync-free step plans its passes, ``GraftStepper.draft_passes``)
 as one graph captured through :mod:`sglang_graft.graphs`, per
 
-    key = (batch-size bucket, draft passes, sampling mode, draft levels of the backend,
+    key = (draft passes, batch-size bucket, sampling mode, draft levels of the backend,
            shapes and dtypes of every input tensor at the bucket)
 
 whose output is the candidate pool GRAFT prunes (``tree.DraftPool``: ``[bs, M]`` tokens, parents,
-path scores), not SGLang's top-N selection. The graph reads:
+path scores), not SGLang's top-N selection. The graphs of one bucket share their inputs (the KV
+slots of every level are one input; each graph reads the levels it drafts). A graph reads:
 
 * **static inputs**: a copy of the step's ``ForwardBatch`` whose every tensor (its own, its
   ``spec_info``'s and its ``sampling_info``'s: input ids, positions, the draft KV slots, the hidden
@@ -34,7 +35,7 @@ the replayed (padded) batch eagerly after each replay and compares the pools bit
 (``shadow_steps`` / ``shadow_mismatches``).
 
 Worked example: a batch of 3 at topk 4, 6 steps, fixed budget: every step drafts 5 passes, key
-``(4, 5, greedy, ...)``: the first such step captures (two warm-ups under the host-read guard, the
+``(5, 4, greedy, ...)``: the first such step captures (two warm-ups under the host-read guard, the
 trace, one run), later ones (batches of 3 or 4) copy the batch in and replay; the pool
 ``[3, 4 + 5 * 16 = 84]`` is a view of the graph's ``[4, 84]``, overwritten by its next replay (the
 tree build consumes it first).
@@ -253,14 +254,15 @@ class CapturedDraftRunner:
         shapes = tuple((part, name, (t.shape[0] // bs * bucket, *t.shape[1:]) if t.dim() else (), t.dtype)
                        for part in _PARTS if _part(fb, part) is not None
                        for name in _tensor_names(_part(fb, part)) for t in [getattr(_part(fb, part), name)])
-        key = (bucket, passes, getattr(sampling, "is_all_greedy", None), len(worker.draft_attn_backend.attn_backends),
-               shapes)
+        inputs_key = (bucket, getattr(sampling, "is_all_greedy", None), len(worker.draft_attn_backend.attn_backends),
+                      shapes)
+        key = (passes, *inputs_key)
         stepper = worker.context.stepper
         with stepper.timer.phase("draft"):
             init_metadata(fb)  # SGLang's, outside the graph (fresh tensors)
-            static = self.statics.get(key)
+            static = self.statics.get(inputs_key)  # shared by the graphs of every depth
             if static is None:
-                static = self.statics[key] = _StaticDraft(fb, bucket)
+                static = self.statics[inputs_key] = _StaticDraft(fb, bucket)
             static.keep_metadata(worker.draft_attn_backend, bs)
 
             def fn_factory():
