@@ -175,10 +175,14 @@ def test_graft_tree_build_from_captured_graphs(tiny_models, server_logs, referen
         lengths = [8, 32, 16, 24, 32, 12]
         with cf.ThreadPoolExecutor(6) as pool:
             together = list(pool.map(lambda i: srv.generate_ids(ids[i], lengths[i]), range(len(lengths))))
+        with cf.ThreadPoolExecutor(3) as pool:  # sampling requests (their own graphs), alone and beside greedy ones
+            sampled = list(pool.map(lambda i: srv.generate_ids(ids[i], 16, temperature=0.8, top_p=0.9,
+                                                               sampling_seed=3 + i), range(3)))
         graft = _server_info(srv)["graft"]
         log = srv.tail(10 ** 8)
     assert [o["output_ids"] for o in outs] == ref
     assert [o["output_ids"] for o in together] == [ref[i][:n] for i, n in enumerate(lengths)]
+    assert all(len(o["output_ids"]) == 16 for o in sampled)
     graph, economy = graft["graph"], graft["economy"]
     (server_logs / f"graft-graph-{mode}.json").write_text(json.dumps({"graph": graph, "steps": economy["steps"]}))
     tree, draft = graph["tree"], graph["draft"]

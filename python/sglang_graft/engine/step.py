@@ -27,7 +27,7 @@ its per-request expected tokens of every budget, scaled to this batch, against t
 from __future__ import annotations
 
 import os
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -166,6 +166,7 @@ class GraftStepper:
                             if graph != "off" else None)
         self.build_tree = self.tree_graphs or build_graft_tree
         self._captures = capture_count()  # graphs captured in this process when the last step ended
+        self._captured: deque[bool] = deque()  # per step not yet observed: whether it captured a graph
         # [C + 1] bool per pruning stage: whether it keeps any draft node (a keep fraction above 0)
         table = self.prune[self.max_nodes].keep_table(self.max_nodes)
         self._may_keep_draft = torch.tensor([k > 0 for k in table], dtype=torch.bool, device=device)
@@ -452,12 +453,13 @@ class GraftStepper:
         retrieval, tree and draft time are none, and would make a speculative step look cheaper)."""
         plain = isinstance(plan, PlainPlan)
         # a step that captured a graph (--speculative-graft-graph) timed the capture: not a cost sample
-        captured, self._captures = capture_count() != self._captures, capture_count()
-        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes, plain, plan.context,
-                                                             captured))
+        self._captured.append(capture_count() != self._captures)  # one per step the timer holds
+        self._captures = capture_count()
+        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes, plain, plan.context))
         for phases, step in observed:
-            if step is not None and not step[-1]:
-                b, n, passes, was_plain, context, _ = step
+            captured = self._captured.popleft()
+            if step is not None and not captured:
+                b, n, passes, was_plain, context = step
                 self.cost.observe(bs=b, num_nodes=n, verify_s=phases["verify"] + phases["draft_extend"],
                                   passes=passes, draft_s=phases["draft"], context=context,
                                   fixed_s=None if was_plain else phases["retrieval"] + phases["tree"] + phases["other"])

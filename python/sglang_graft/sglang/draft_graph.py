@@ -306,10 +306,13 @@ class CapturedDraftRunner:
                 logger.error("GRAFT graph shadow check: the replayed draft pool differs from the eager one in %s", bad)
 
     def stats(self) -> dict:
-        """``/server_info`` ``graft.graph.draft``."""
+        """``/server_info`` ``graft.graph.draft``: the graphs' counts, capture seconds and owned bytes
+        (outputs and scratch), and the static inputs and draft metadata the runner keeps for them
+        (``static_bytes``, one set per bucket)."""
         out = {**self.cache.stats(), "capture_s": round(sum(g.capture_seconds for g in self.cache.graphs.values()), 3),
                "bytes": sum(g.bytes for g in self.cache.graphs.values()), "eager_steps": self.eager_steps,
-               "padded_replays": self.padded_replays}
+               "padded_replays": self.padded_replays,
+               "static_bytes": sum(t.nbytes for st in self.statics.values() for t in (*st.inputs, *(st.metadata or ())))}
         if self.why_eager is not None:
             out["why_eager"] = self.why_eager
         if self.mode == "shadow":
