@@ -95,6 +95,11 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     returns a new contiguous ``[..., N]`` float32 tensor, or ``None`` where :func:`applies` is false."""
     if not applies(x, weight):
         return None
+    return _product(x, weight, bias)
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """:func:`rows_linear` once :func:`applies` has been checked."""
     # Inputs are copied into, and results written to, numpy-owned buffers that torch wraps: no
     # tensor value is read on the host on the way (what a host-read counter would see).
     flat = x.reshape(-1, weight.shape[1])
@@ -131,7 +136,7 @@ def rows_linear_kernel(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     """:func:`rows_linear` where :func:`applies` holds: a Python call, or the op under a ``make_fx`` trace."""
     if get_proxy_mode() is not None:
         return torch.ops.sglang_cpu_port.rows_linear(x, weight, bias)
-    return _rows_linear_op(x, weight, bias)
+    return _product(x, weight, bias)  # the caller checked applies (hot path: no second check)
 
 
 def _linear_method_apply(original, method, layer, x, bias=None, *args, **kwargs):
