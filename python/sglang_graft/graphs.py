@@ -46,7 +46,8 @@ import torch
 
 from .tree.guards import FORBIDDEN_OPS, HostReadCounter
 
-__all__ = ["GraphCaptureError", "CapturedGraph", "capture", "capture_count", "GraphCache", "BATCH_BUCKETS", "batch_bucket", "copy_rows_", "pad_rows"]
+__all__ = ["GraphCaptureError", "CapturedGraph", "capture", "capture_count", "GraphCache", "BATCH_BUCKETS",
+           "batch_bucket", "copy_rows_", "pad_rows"]
 
 _EMPTY_OPS = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"})
 # Ops whose output shape depends on values (make_fx in real mode traces them without complaint).

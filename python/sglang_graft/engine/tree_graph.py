@@ -23,9 +23,10 @@ Worked example: a batch of 3 with a draft of 2 levels at topk 4 (pool ``M = 4 + 
 retrieved nodes per request, ``N = 8``: key ``(8, cfg, "root", ((4, 20) int64, ...), ...)``; the first
 such step captures (warm-up under the host-read guard, then the capture), later ones replay.
 
-What stays eager: the draft passes (SGLang's draft model and its attention backends) and the
-retrieval proposals (a :data:`~sglang_graft.tree.Proposer` is called before the graph, on the root
-tokens; the ``root`` placement only).
+Outside this graph: the draft passes (their own graphs where the depth is known before the draft,
+``sglang_graft.sglang.draft_graph``; else eager) and the retrieval proposals (a
+:data:`~sglang_graft.tree.Proposer` is called before the graph, on the root tokens; the ``root``
+placement only).
 """
 
 from __future__ import annotations
