@@ -39,7 +39,7 @@ from local_server import SGLangServer  # noqa: E402
 from profile_verify import DEFAULT_HEAD, graft_args, prompts, step_time, timed  # noqa: E402
 
 
-# Every decode step plain: speculation priced out, no exploring step, no probe (benchmark only).
+# Every decode step plain: speculation priced out, no exploring step (benchmark only).
 PLAIN_SHIM = """
 from sglang_graft.engine import budget, step
 
@@ -53,7 +53,6 @@ def _priced_out(self, *, bs, num_nodes, passes, plain=False, context=0):
 
 budget.StepCost.step = _priced_out
 step.GraftStepper.EXPLORE_EVERY = 10 ** 9
-step.GraftStepper.PROBE_EVERY = 10 ** 9
 """
 
 

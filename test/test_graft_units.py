@@ -243,35 +243,64 @@ def test_a_failing_accounting_hook_stays_with_its_response(caplog, monkeypatch):
     assert meta[hooks.ERROR_KEY].startswith("_spec_metrics_as_verified: TypeError"), meta
 
 
-def test_a_plain_step_runs_no_retrieval_draft_or_tree():
-    """``GraftDraftWorker.draft`` on a step the stepper decided plain: the roots alone as a one-node
-    verify input (positions ``seq_lens``, no links); retrieval proposes nothing, the draft runner and
-    the tree builder are never called."""
+def test_a_plain_step_runs_no_draft_pass_or_tree():
+    """``GraftDraftWorker.draft`` on a step the stepper decides plain (after retrieval, from the
+    draft's first level): the roots alone as a one-node verify input (positions ``seq_lens``, no
+    links); the draft runner and the tree builder are never called. The stepper is asked with the
+    first-level pool in the target vocabulary (the head's ``hot_token_id`` map applied)."""
     from sglang_graft.engine.step import PlainPlan
     from sglang_graft.sglang.draft_worker import GraftDraftWorker
 
     def never(*a, **k):
         raise AssertionError("speculative work in a plain step")
 
-    roots_added = []
+    roots_added, asked = [], []
     worker = object.__new__(GraftDraftWorker)
     worker.speculative_num_steps, worker.topk = 3, 2
+    worker.hot_token_id = torch.arange(100, 110)
     worker.runner = SimpleNamespace(run=never)
-    worker._begin = worker._build_verify_input = never
+    worker._build_verify_input = never
     worker._prepare_retrieval = lambda rids, roots: roots_added.append((rids, roots.tolist()))
-    worker.context = SimpleNamespace(stepper=SimpleNamespace(
-        plain_plan=lambda rids, context: PlainPlan(rids, context=context), begin=never))
+    worker._begin = lambda rids, roots, batch, context: SimpleNamespace(rids=rids, context=context)
+
+    def plain_plan(plan, pool):
+        asked.append(pool)
+        return PlainPlan(plan.rids, context=plan.context)
+
+    worker.context = SimpleNamespace(stepper=SimpleNamespace(may_plain=True, plain_plan=plain_plan))
+    spec_info = SimpleNamespace(bonus_tokens=torch.tensor([7, 9], dtype=torch.int32),
+                                topk_p=torch.tensor([[0.6, 0.3], [0.5, 0.4]]), topk_index=torch.tensor([[1, 2], [3, 4]]))
     batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a", seqlen=6), SimpleNamespace(rid="b", seqlen=12)],
-                            forward_mode=SimpleNamespace(is_idle=lambda: False),
-                            spec_info=SimpleNamespace(bonus_tokens=torch.tensor([7, 9], dtype=torch.int32)),
+                            forward_mode=SimpleNamespace(is_idle=lambda: False), spec_info=spec_info,
                             seq_lens=torch.tensor([5, 11]))
     vi = GraftDraftWorker.draft(worker, batch)
     assert roots_added == [(["a", "b"], [7, 9])]  # a request's first root still reaches its store
+    assert asked[0].tokens.tolist() == [[101, 102], [103, 104]] and asked[0].scores.tolist() == spec_info.topk_p.tolist()
     assert vi.plain.rids == ["a", "b"] and vi.graft_info is None and vi.draft_token_num == 1
     assert vi.plain.context == 18  # the batch's context tokens (Req.seqlen), which the cost model prices
     assert vi.draft_token.tolist() == [7, 9] and vi.positions.tolist() == [5, 11]
     assert vi.retrieve_index.tolist() == [[0], [1]]
     assert vi.retrieve_next_token.tolist() == vi.retrieve_next_sibling.tolist() == [[-1], [-1]]
+
+
+def test_first_level_pool_is_the_pool_the_draft_loop_reads_before_its_first_pass():
+    """``first_level_pool`` equals what ``DraftRecorder`` holds when SGLang's draft loop has
+    selected its first level (SGLang's own select on the mapped top-k), tree and chain."""
+    from sglang_graft.sglang import seams
+    from sglang_graft.sglang.draft_runner import DraftRecorder, first_level_pool
+
+    hot = torch.arange(50, 90)
+    gen = torch.Generator().manual_seed(3)
+    topk_p = torch.rand(3, 4, generator=gen).sort(dim=1, descending=True).values
+    spec_info = SimpleNamespace(topk_p=topk_p, topk_index=torch.randint(0, 40, (3, 4), generator=gen))
+    recorder = DraftRecorder(None, None, 4, None)
+    recorder.select(seams.SELECT_TOP_K.resolve())(0, topk_p, hot[spec_info.topk_index], torch.zeros(3, 8), None, 4)
+    want, got = recorder.pool(), first_level_pool(spec_info, 4, hot)
+    for field in ("tokens", "parents", "scores", "depths"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    assert (got.topk, got.num_steps) == (want.topk, want.num_steps) == (4, 1)
+    chain = first_level_pool(SimpleNamespace(topk_p=topk_p[:, :1], topk_index=spec_info.topk_index[:, :1]), 1, hot)
+    assert chain.tokens.tolist() == hot[spec_info.topk_index[:, :1]].tolist() and chain.scores.tolist() == topk_p[:, :1].tolist()
 
 
 def test_spec_metrics_count_the_nodes_verified(monkeypatch):

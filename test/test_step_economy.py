@@ -195,9 +195,8 @@ def test_the_step_prices_its_batch_context():
     seen = []
     step = s.cost.step
     s.cost.step = lambda **kw: seen.append(kw["context"]) or step(**kw)
-    s.recent = ([1.0, 1.5, 2.0, 2.5], 1)
-    s.plain_plan(["a"], context=777)
     plan = s.begin(["a"], torch.full((1,), 3), context=777)
+    assert s.plain_plan(plan, chain_pool(torch.full((1, 1), 5), torch.full((1, 1), 0.99))) is None
     pool = chain_pool(torch.full((1, 8), 5), torch.full((1, 8), 0.99))
     while s.keep_drafting(plan, pool):
         pass
@@ -510,47 +509,56 @@ def test_host_reads_per_cost_aware_step(monkeypatch):
     assert reads.taken() == 0
 
 
-def _spec_step_choosing(s: GraftStepper, bs: int) -> int:
-    """One speculative step of a confident chain for ``bs`` requests; its budget."""
-    pool = chain_pool(torch.full((bs, 3), 5), torch.full((bs, 3), 0.95))
+def _first_level_step(s: GraftStepper, draft_p: float, retrieved: float = 0.0):
+    """A step of one request whose draft's first level (one chain candidate) is worth ``draft_p``
+    (every draft bin calibrated to it) and whose retrieval proposes a 3-token chain of calibrated
+    value ``retrieved`` per node (none when 0): its plan after retrieval, and the first-level pool."""
+    from sglang_graft.tree.types import RetrievalProposals
+
+    s.calibration.prior[: s.calibration.ranges["draft"][1]] = draft_p
     s.timer.begin()
-    plan = s.begin(list(range(bs)), torch.full((bs,), 3))
-    s.build(plan, pool, torch.full((bs,), 5))
-    s.end_step(plan, bs)
-    return plan.num_nodes
+    plan = s.begin(["a"], torch.tensor([3]))
+    if retrieved:
+        values = torch.tensor([[retrieved, retrieved ** 2, retrieved ** 3]])
+        plan.proposals = RetrievalProposals(torch.tensor([[11, 12, 13]]), torch.tensor([[-1, 0, 1]]), values,
+                                            torch.ones(1, 3, dtype=torch.bool))
+        plan.proposal_values = values
+    return plan, chain_pool(torch.tensor([[5]]), torch.tensor([[0.5]]))
 
 
-def test_a_step_is_plain_when_the_newest_speculative_step_found_nothing_worth_verifying():
-    """Plain before any work exactly when the newest speculative step's expectations, scaled to the
-    batch, choose N = 1 against a plain step's cost (no fixed part); every PROBE_EVERY plain steps
-    in a row a speculative step measures again; never without a speculative step to go by."""
-    from sglang_graft.engine.step import PlainPlan
+def test_a_step_is_plain_when_n1_pays_best_with_this_steps_own_proposals():
+    """Plain exactly when, valued at the draft's first level with this step's retrieval proposals,
+    N = 1 priced as a plain step (no fixed part) has the best expected tokens per second and a
+    draft pass would not pay: an unsure draft and nothing retrieved is plain; the same step with a
+    confident retrieved chain, or a confident draft, speculates; no history is involved."""
+    s = _stepper("cost", topk=1, plain_steps=True)
+    _teach_costs(s, {1: 1.0, 2: 1.5, 4: 2.5, 8: 4.0}, pass_s=2.0)
+    plan, pool = _first_level_step(s, draft_p=0.05)
+    plain = s.plain_plan(plan, pool)
+    assert isinstance(plain, PlainPlan) and (plain.num_nodes, plain.passes, plain.explore) == (1, 0, False)
+    s.end_step(plain, 1)
+    assert s.stats.plain_steps == 1 and s.stats.budget_histogram[1] == 1
+    plan, pool = _first_level_step(s, draft_p=0.05, retrieved=0.9)  # the very next step, a retrieved chain
+    assert s.plain_plan(plan, pool) is None
+    plan, pool = _first_level_step(s, draft_p=0.95)  # a confident first draft level
+    assert s.plain_plan(plan, pool) is None
+    s.end_step(plan, 1)
+    plan, pool = _first_level_step(s, draft_p=0.05)  # and unsure again: plain again at once
+    assert isinstance(s.plain_plan(plan, pool), PlainPlan)
 
-    steep, free = _stepper("cost", topk=1), _stepper("cost", topk=1)
-    _teach_costs(steep, {1: 1.0, 2: 5.0, 8: 40.0}, pass_s=0.0)
-    _teach_costs(free, {1: 1.0, 8: 1.0}, pass_s=0.0)
-    for s in (steep, free):
-        s.calibration.prior[: s.calibration.ranges["draft"][1]] = 0.9
-        assert s.plain_plan(["a"]) is None  # nothing known yet
-    assert _spec_step_choosing(free, 1) == 4 and free.plain_plan(["a"]) is None
-    assert _spec_step_choosing(steep, 1) == 1
-    kinds = []
-    for _ in range(2 * steep.PROBE_EVERY + 2):
-        plan = steep.plain_plan(["a"])
-        kinds.append("plain" if isinstance(plan, PlainPlan) else "probe")
-        steep.timer.begin()
-        if plan is None:
-            assert _spec_step_choosing(steep, 1) == 1
-        else:
-            assert (plan.num_nodes, plan.passes) == (1, 0)
-            steep.end_step(plan, 1)
-    p = steep.PROBE_EVERY
-    assert kinds == ["plain"] * p + ["probe"] + ["plain"] * p + ["probe"]
-    assert steep.stats.plain_steps == 2 * p and steep.stats.budget_histogram[1] == 2 * p + 3
-    assert _stepper("fixed", budgets=(8,)).plain_plan(["a"]) is None
-    off = _stepper("cost", topk=1, plain_steps=False)  # --no-speculative-graft-plain-steps
-    _teach_costs(off, {1: 1.0, 2: 5.0, 8: 40.0}, pass_s=0.0)
-    assert _spec_step_choosing(off, 1) == 1 and off.plain_plan(["a"]) is None
+
+def test_no_plain_step_where_plain_steps_cannot_be_decided():
+    """Plain steps off (the default), fixed budget, sync-free, or no budget of 1: never plain."""
+    costs = {1: 1.0, 2: 5.0, 8: 40.0}
+    for s in (_stepper("cost", topk=1), _stepper("cost", topk=1, budgets=(2, 4, 8), plain_steps=True)):
+        _teach_costs(s, {k: v for k, v in costs.items() if k in s.budgets}, pass_s=0.0)
+        assert not s.may_plain and s.plain_plan(*_first_level_step(s, draft_p=0.01)) is None
+    fixed = _stepper("fixed", budgets=(8,), plain_steps=True)
+    assert not fixed.may_plain and fixed.plain_plan(*_first_level_step(fixed, draft_p=0.01)) is None
+    sync_free = _stepper("cost", topk=1, plain_steps=True)
+    assert sync_free.may_plain
+    sync_free.sync_free = True
+    assert not sync_free.may_plain
 
 
 def test_a_plain_step_is_priced_and_measured_without_retrieval_or_tree_work():
@@ -569,12 +577,12 @@ def test_a_plain_step_is_priced_and_measured_without_retrieval_or_tree_work():
 
 
 def test_exploring_budget_one_is_a_plain_step():
-    s = _stepper("cost", budgets=(1, 2, 4))
+    s = _stepper("cost", budgets=(1, 2, 4), topk=1, plain_steps=True)
     s.stats.steps = 0
-    plan = s.plain_plan(["a"])
+    plan = s.plain_plan(*_first_level_step(s, draft_p=0.95))
     assert plan is not None and plan.explore
     s.stats.steps = 1
-    assert s.plain_plan(["a"]) is None  # exploring N = 2 is speculative
+    assert s.plain_plan(*_first_level_step(s, draft_p=0.01)) is None  # exploring N = 2 is speculative
 
 
 def test_a_step_that_captured_a_graph_is_not_a_cost_sample(monkeypatch):

@@ -5,8 +5,9 @@ a tree with the cost-aware budget, the same sync-free, the fixed budget, a chain
 worker made into the SGLang-free engine with its result. Replaying them against today's engine must
 give the same proposals, draft depths, budgets, trees, node bins and commits at every step, and the
 same calibration and cost model after every step; a refactor that changes any decision fails here.
-The traces were re-recorded when the cost model began to price context and take medians (an
-intended change of decisions); plain steps (``plain_plan``) are among the recorded calls.
+The traces were re-recorded when the cost model began to price context and take medians, and when
+plain steps came to be decided after retrieval from the draft's first level (intended changes of
+decisions); plain steps (``plain_plan``, on in the two cost-aware traces) are among the recorded calls.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def test_the_engine_replays_served_steps_with_identical_decisions(trace):
     speculative = steps - plain  # a plain step makes 3 engine calls, a speculative one at least 10
     assert steps >= 30 and out["calls"] >= 10 * speculative + 3 * plain, (steps, plain, out["calls"])
     if trace.name.startswith(("tree-cost", "chain-cost")):  # the cost-aware step serves both kinds
-        assert plain >= 10 and speculative >= 10, (plain, speculative)
+        assert plain >= 5 and speculative >= 5, (plain, speculative)
     stepper = out["live"]["stepper"]
     assert stepper.stats.steps == steps
     assert budgets  # begin records the plan before the budget is chosen (num_nodes 0)

@@ -177,7 +177,7 @@ def test_sync_free_decisions_come_from_the_lagged_step_and_read_nothing():
     assert plan.planned_passes == 0 and not s.keep_drafting(plan, pools[0])
     s.build(plan, pools[0], torch.tensor([5, 9]))
     assert plan.num_nodes == 1
-    assert s.plain_plan(["a", "b"]) is None  # sync-free steps are never decided plain (yet)
+    assert not s.may_plain and s.plain_plan(plan, pools[0]) is None  # sync-free steps are never plain
 
 
 def _levels(pool: DraftPool, levels: int) -> DraftPool:

@@ -73,7 +73,7 @@ class GraftConfig:
     skip_draft_tokens: float = 3.0  # retrieval alone expects this many accepted tokens: no draft passes
     tp_check: int = 0  # every K steps compare a hash of the verify tree across TP ranks (0 = off)
     sync_free: str = "auto"  # no host read in the decode step (see SYNC_FREE_MODES)
-    plain_steps: bool = True  # cost mode: a step that expects nothing from speculation verifies its roots alone
+    plain_steps: bool = False  # cost mode: a step whose N = 1 pays best before any draft pass verifies its roots alone
     graph: str = "auto"  # the tree build replayed from captured graphs (see GRAPH_MODES)
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:
@@ -179,10 +179,11 @@ _FLAGS: dict[str, dict[str, Any]] = {
                       "re-rooted on the device along the newest committed path; responses carry no per-request "
                       "GRAFT counts); off: fresh values, a few host reads per step; auto: on for CUDA (unless "
                       "--speculative-graft-placement deepest_draft or --speculative-graft-per-step-metrics), off on a CPU."),
-    "plain_steps": dict(action=argparse.BooleanOptionalAction, help="Cost-aware budget: when the newest "
-                        "speculative step's expectations say no tree pays for itself, the step is a plain decode "
-                        "step (the roots verified alone; no retrieval, draft pass or tree; a speculative step "
-                        "measures again after 8). Not in sync-free mode."),
+    "plain_steps": dict(action=argparse.BooleanOptionalAction, help="Cost-aware budget: when, valued after "
+                        "retrieval at the draft's first level, budget 1 priced as a plain decode step pays best and "
+                        "no draft pass would, the step is a plain decode step (the roots verified alone; no draft "
+                        "pass, tree or feed). Off by default: on the tuning prompts it was no faster. Not in "
+                        "sync-free mode."),
     "graph": dict(choices=GRAPH_MODES, help="on: build each step's tree (prune, graft, flatten, mask) by replaying "
                   "a graph captured per budget, batch-size bucket and input shapes (CUDA graphs on CUDA, a stand-in "
                   "with CUDA-graph semantics on a CPU), and, where the draft depth is known before the draft (the "

@@ -5,6 +5,9 @@ The worker (``sglang_graft.sglang.worker``) adapts SGLang's objects to these cal
 1. :meth:`GraftStepper.begin` -- before the draft: each request's first root reaches its store,
    retrieval proposes under the root tokens (the published placement needs nothing from the
    draft), and every proposed node gets a calibrated value (acceptance probability).
+   :meth:`GraftStepper.plain_plan` -- then, with the draft's first level (the candidates the last
+   draft extend left): a plain step (``N = 1``: the roots verified alone, no draft pass, no tree)
+   when that has the most expected tokens per second and a draft pass would not pay.
 2. :meth:`GraftStepper.keep_drafting` -- before each draft forward pass: the pass runs only if some
    request still passes every confidence checkpoint drafted so far and is not already served by a
    confident retrieval, and (cost-aware budget) the best it could add is worth its cost.
@@ -84,10 +87,11 @@ class StepPlan:
 
 @dataclass
 class PlainPlan:
-    """A decode step decided plain before any speculative work (:meth:`GraftStepper.plain_plan`):
-    the target verifies each request's root alone (``N = 1``, a decode step), with no retrieval
-    proposal, no draft pass and no tree; the draft extends over the committed token as after any
-    verify, so the next speculative step drafts from a complete draft state."""
+    """A decode step decided plain (:meth:`GraftStepper.plain_plan`, after retrieval's proposals
+    and the draft's first level are valued): the target verifies each request's root alone
+    (``N = 1``, a decode step), with no draft pass and no tree; the draft extends over the
+    committed token as after any verify, so the next speculative step drafts from a complete
+    draft state."""
 
     rids: list
     explore: bool = False
@@ -103,7 +107,7 @@ class StepStats:
     steps: int = 0
     draft_passes: int = 0
     skipped_drafts: int = 0  # steps with no draft pass at all
-    plain_steps: int = 0  # steps decided plain before any speculative work (N = 1, a decode step)
+    plain_steps: int = 0  # steps decided plain (N = 1, a decode step: no draft pass, no tree)
     budget_histogram: Counter = field(default_factory=Counter)
     # cost-aware steps whose outcome is known: tokens the chosen budget expected, tokens committed
     checked_steps: int = 0
@@ -139,7 +143,6 @@ class GraftStepper:
     """
 
     EXPLORE_EVERY = 32  # one step in this many measures a budget in turn (the cost model's data)
-    PROBE_EVERY = 8  # after this many plain steps in a row, a speculative step measures the batch again
     PUBLISH_EVERY = 8  # the cost model's published table is refreshed every this many steps
 
     def __init__(self, cfg: GraftConfig, retrieval: GraftRetrieval, num_steps: int, topk: int,
@@ -172,9 +175,6 @@ class GraftStepper:
         self._may_keep_draft = torch.tensor([k > 0 for k in table], dtype=torch.bool, device=device)
         self._stage_caps = min(table) < self.max_nodes - 1  # False by default: no stage caps the ranking
         self.lagged: Optional[LaggedEntry] = None  # newest decode step whose results are on the host
-        # the newest speculative step's expected tokens per request of every budget, and its draft passes
-        self.recent: Optional[tuple[list[float], int]] = None
-        self.plain_run = 0  # plain steps since the last speculative one
 
     def explore_index(self) -> Optional[int]:
         """The budget this step measures, if it is an exploring step: each budget in turn for the
@@ -189,37 +189,6 @@ class GraftStepper:
         if step % self.EXPLORE_EVERY == 0:
             return (step // self.EXPLORE_EVERY) % n
         return None
-
-    # -- 0. before anything ----------------------------------------------------------------------
-    def plain_plan(self, rids: list, context: int = 0) -> Optional[PlainPlan]:
-        """Whether this decode step is plain (a :class:`PlainPlan`) or speculative (None), decided
-        before any speculative work, from what is on the host: the newest speculative step's
-        expected tokens per request of every budget (:attr:`recent`) scaled to this batch, against
-        the cost model at this batch's ``context`` (tokens of context in all), where the plain step costs its verify of the root and draft extend
-        (``StepCost.step(plain=True)``: no retrieval, no tree, no draft pass).
-
-        Nothing is measured in a plain step, so after :data:`PROBE_EVERY` plain steps in a row a
-        speculative step measures the batch again; an exploring step for ``N = 1`` is plain. Cost
-        mode only (``--speculative-graft-plain-steps``, on by default), with 1 among the budgets, and not sync-free (whose speculative steps take their
-        budget from the newest known step: a probe would repeat the plain step's choice and measure
-        nothing). The inputs are the same on every tensor-parallel rank.
-
-        Example: budgets 1 / 4, the newest speculative step expected 1.0 / 1.3 tokens per request,
-        bs 8: plain 8 tokens in 0.10 s against N = 4's 10.4 in 0.16 s: plain.
-        """
-        if not self.cost_aware or not self.cfg.plain_steps or self.sync_free or self.budgets[0] != 1:
-            return None
-        explore_k = self.explore_index()
-        if explore_k is not None:
-            return PlainPlan(rids, explore=True, context=context) if explore_k == 0 else None
-        if self.recent is None or self.plain_run >= self.PROBE_EVERY:
-            return None
-        bs = len(rids)
-        per_request, passes = self.recent
-        expected = [float(bs)] + [e * bs for e in per_request[1:]]
-        secs = [self.cost.step(bs=bs, num_nodes=1, passes=0, plain=True, context=context)] + [
-            self.cost.step(bs=bs, num_nodes=n, passes=passes, context=context) for n in self.budgets[1:]]
-        return PlainPlan(rids, context=context) if choose_budget(expected, secs) == 0 else None
 
     # -- 1. before the draft ---------------------------------------------------------------------
     def begin(self, rids: list, root_tokens: torch.Tensor, pending=None, context: int = 0) -> StepPlan:
@@ -360,6 +329,50 @@ class GraftStepper:
                          for e, n in zip(e_later, self.budgets))
         return rate_later > rate_now
 
+    # -- 2'. a plain step: N = 1 before any draft pass ---------------------------------------------
+    @property
+    def may_plain(self) -> bool:
+        """Whether :meth:`plain_plan` can decide a step plain: cost mode with plain steps on
+        (``--speculative-graft-plain-steps``), 1 among the budgets, and not sync-free (whose
+        decisions take the newest known step's expectations, so a plain step would measure
+        nothing that could end a run of them)."""
+        return self.cost_aware and self.cfg.plain_steps and not self.sync_free and self.budgets[0] == 1
+
+    def plain_plan(self, plan: StepPlan, pool: DraftPool) -> Optional[PlainPlan]:
+        """Whether this step is plain (a :class:`PlainPlan`: the roots verified alone, no draft
+        pass, no tree) or speculative (None), decided with this step's own information: the
+        retrieval proposals valued in ``plan`` and the draft's first level ``pool`` (the
+        candidates SGLang's last draft extend left, ``[bs, topk]``: no draft pass has run).
+
+        The valuation is the speculative step's at depth 0: plain when ``N = 1``, priced as a plain
+        step (verify of the roots and draft extend, ``StepCost.step(plain=True)``: no tree, no
+        fixed part), has the most expected tokens per second among the budgets, and one more
+        draft level would not raise the best rate (:meth:`_deeper_pays`). An exploring step for
+        ``N = 1`` is plain, one for another budget speculative. Two host reads.
+
+        Example: bs 1, a draft whose first level is unsure (path score 0.2, calibrated 0.15) and
+        no retrieved continuation: ``N = 1`` expects 1 token in 0.10 s, ``N = 2`` 1.15 in 0.13 s,
+        so a plain step, unless a draft pass is estimated to pay. A step that carries a retrieved
+        chain of calibrated value 0.9 speculates, wherever the steps before it stood.
+        """
+        if not self.may_plain:
+            return None
+        if plan.explore:
+            return PlainPlan(plan.rids, explore=True, context=plan.context) if plan.explore_k == 0 else None
+        bs = len(plan.rids)
+        self._check_levels(plan, pool, pool.num_steps - 1)
+        union = self._union_values(plan, pool, self._draft_values(plan, pool))
+        expected = expected_tokens(union, self.budgets).sum(0).tolist()  # host read
+        secs = [self.cost.step(bs=bs, num_nodes=1, passes=0, plain=True, context=plan.context)] + [
+            self.cost.step(bs=bs, num_nodes=n, passes=0, context=plan.context) for n in self.budgets[1:]]
+        if choose_budget(expected, secs) != 0:
+            return None
+        alive = ~plan.retrieval_confident & self._may_keep_draft[plan.stage]
+        if self._deeper_pays(plan, pool, alive):  # host read
+            return None
+        return PlainPlan(plan.rids, context=plan.context)
+
+
     # -- 3. after the draft ----------------------------------------------------------------------
     def _draft_values(self, plan: StepPlan, pool: DraftPool) -> torch.Tensor:
         """``[bs, M]`` calibrated acceptance probability of each draft node's path; 0 beyond the
@@ -404,8 +417,6 @@ class GraftStepper:
             k = choose_budget(expected, secs)
         n = plan.num_nodes = self.budgets[k]
         plan.expected = None if expected is None else expected[k]
-        if expected is not None:
-            self.recent = ([e / bs for e in expected], plan.passes)
         # draft nodes among the n - 1 most valuable of the union, per request
         m = pool.size
         top = max(0, min(n - 1, union.shape[1]))
@@ -465,7 +476,6 @@ class GraftStepper:
                                   fixed_s=None if was_plain else phases["retrieval"] + phases["tree"] + phases["other"])
         if plan is None:
             return
-        self.plain_run = self.plain_run + 1 if plain else 0
         self.stats.plain_steps += plain
         self.stats.steps += 1
         self.stats.draft_passes += plan.passes

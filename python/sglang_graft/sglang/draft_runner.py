@@ -129,6 +129,21 @@ class DraftRecorder:
         return chain_pool(tokens, torch.stack(self.chain_probs[:steps], dim=1))
 
 
+def first_level_pool(draft_input, topk: int, hot_token_id: Optional[torch.Tensor]) -> DraftPool:
+    """The draft's first level, ``[bs, topk]`` candidates, as SGLang's ``draft_forward`` reads it
+    before its first pass: the top-k the last draft extend left on ``draft_input`` (SGLang's
+    ``EagleDraftInput``), mapped from the draft vocabulary through ``hot_token_id`` when the head
+    has one, selected by SGLang's own first-level rule; a chain's one candidate with the
+    probability GRAFT's draft extend recorded (see ``GraftDraftWorker._chain_draft_extend``)."""
+    index = draft_input.topk_index
+    if hot_token_id is not None:
+        index = hot_token_id[index]
+    if topk == 1:
+        return chain_pool(index[:, :1].to(torch.int64), draft_input.topk_p[:, :1].float())
+    _, _, _, (scores, tokens, parents) = seams.SELECT_TOP_K.resolve()(0, draft_input.topk_p, index, None, None, topk)
+    return draft_pool_from_sglang([scores], [tokens], [parents], topk=topk, num_steps=1)
+
+
 class EagerDraftRunner:
     """SGLang's draft loop, run eagerly, level by level (see the module docstring)."""
 
@@ -167,4 +182,4 @@ class EagerDraftRunner:
         return Drafted(recorder.pool(chain_done), recorder.kv_loc_plan)
 
 
-__all__ = ["DraftRecorder", "DraftRunner", "Drafted", "EagerDraftRunner", "max_prob"]
+__all__ = ["DraftRecorder", "DraftRunner", "Drafted", "EagerDraftRunner", "first_level_pool", "max_prob"]

@@ -20,7 +20,7 @@ from sglang_graft.config import GraftConfig
 from sglang_graft.sglang import seams
 from sglang_graft.engine.tree_graph import POISON_ENV
 from sglang_graft.sglang.draft_graph import CapturedDraftRunner
-from sglang_graft.sglang.draft_runner import DraftRunner, EagerDraftRunner, max_prob
+from sglang_graft.sglang.draft_runner import DraftRunner, EagerDraftRunner, first_level_pool, max_prob
 from sglang_graft.engine.retrieval_state import GraftRetrieval, NotAdmittedError
 from sglang_graft.engine.step import GraftStepper, PlainPlan, StepPlan
 from sglang_graft.engine.tp_check import TreeHashCheck
@@ -153,7 +153,8 @@ class GraftDraftWorker(EagleDraftWorker):
 
     def draft(self, batch, *, with_topology: bool = False):
         """GRAFT's draft step: retrieve under each root, draft while a level pays, build the tree;
-        or, when the step is decided plain, the roots alone."""
+        or, when the step is decided plain after retrieval and the draft's first level, the roots
+        alone."""
         if with_topology:
             raise seams.EAGLE_DRAFT_WORKER.error("draft(with_topology=True) is pipeline parallelism, which GRAFT refuses")
         if batch.forward_mode.is_idle():
@@ -164,10 +165,12 @@ class GraftDraftWorker(EagleDraftWorker):
         root_tokens = batch.spec_info.bonus_tokens.to(torch.int64)  # SGLang's name for the last committed tokens
         self._prepare_retrieval(rids, root_tokens)
         context = seams.batch_context_tokens(batch.reqs)  # the cost model prices attention by it
-        plain = self.context.stepper.plain_plan(rids, context)  # 0. a plain step: verify the root alone
-        if plain is not None:
-            return self._plain_verify_input(plain, root_tokens, batch)
         plan = self._begin(rids, root_tokens, batch, context)  # 1. retrieval proposals under each root, valued: the plan
+        stepper = self.context.stepper
+        if stepper.may_plain:  # N = 1 pays best at the draft's first level: verify the roots alone
+            plain = stepper.plain_plan(plan, first_level_pool(batch.spec_info, self.topk, self.hot_token_id))
+            if plain is not None:
+                return self._plain_verify_input(plain, root_tokens, batch)
         drafted = self.runner.run(self, batch, plan)  # 2. draft passes while a level pays
         verify_input = self._build_verify_input(plan, drafted.pool, batch)  # 3. budget and tree
         if drafted.kv_loc_plan is not None:  # a planned chain KV window: verify and draft extend write it

@@ -3,13 +3,12 @@
 SGLang's ``EAGLEWorkerV2.forward_batch_generation`` drives every step, unchanged. GRAFT's decode
 step, per batch (the decisions live in :mod:`sglang_graft.engine.step`):
 
-0. **plain or speculative** (``stepper.plain_plan``, before any other work): when the cost model
-   says the batch gains nothing from speculation, the step is a decode step: the target verifies
-   each root alone (``N = 1``), the committed token reaches the stores, SGLang's draft extend runs;
-   no retrieval, draft pass, tree or feed;
-
 1. **retrieve** (``GraftDraftWorker.draft`` -> ``stepper.begin``): proposals under each
-   request's root, valued; the step's plan;
+   request's root, valued: the step's plan; then **plain or speculative**
+   (``stepper.plain_plan``, with the draft's first level, which the last draft extend left): when
+   ``N = 1`` has the most expected tokens per second and no draft pass would pay, the step is a
+   decode step: the target verifies each root alone, the committed token reaches the stores,
+   SGLang's draft extend runs; no draft pass, tree or feed;
 2. **draft** (``draft_runner.EagerDraftRunner``): SGLang's own EAGLE-3 loop, one level at a time
    while a level still pays (a checkpoint passes, retrieval is not already confident, the cost
    model agrees); the candidate pool is read where SGLang would select from it (a chain draft
