@@ -2,7 +2,7 @@
 
 One forward's linear layers and lm_head (by default SmolLM2-135M: 30 layers of qkv 576 -> 960,
 o 576 -> 576, gate_up 576 -> 3072, down 1536 -> 576, distinct weights per layer so the weights stream
-from memory as in serving, and the 49152 x 576 lm_head), for 1 to 12 rows, one thread; milliseconds
+from memory as in serving, and the 49152 x 576 lm_head), for 1 to 256 rows, one thread; milliseconds
 per forward, the median of ``--repeats``.
 
     OMP_NUM_THREADS=1 python benchmark/linear_rows.py
@@ -41,7 +41,7 @@ def forward_ms(product, weights, lm_head, rows: int, hidden: int, intermediate: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 12])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 32, 64, 128, 256])
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -208,7 +208,7 @@ def test_standin_serves_sgl_kernel_and_names_missing_ops_at_call_time():
         missing()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 12, 13])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 12, 13, 256, 257])
 def test_small_batch_lm_head_is_the_same_product_and_contiguous(rows):
     from types import SimpleNamespace
 
@@ -242,11 +242,12 @@ def _one_thread():
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 12), depth=st.integers(1, 70), width=st.integers(1, 40),
+@given(rows=st.integers(1, 64), depth=st.integers(1, 70), width=st.integers(1, 100),
        bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_rows_linear_is_the_product_and_batch_invariant(rows, depth, width, bias, seed):
-    """``rows_linear`` is ``x @ W^T + b`` (to float32 rounding), and among 2-12 rows each row's
-    result depends on that row alone: it equals, bit for bit, the same row beside another one."""
+    """``rows_linear`` is ``x @ W^T + b`` (to float32 rounding), and each row's result depends on
+    that row alone: it equals, bit for bit, the same row computed alone and beside another one
+    (blocks of 8 rows, a last smaller block, one row: the same chain of fused multiply-adds)."""
     from sglang_cpu_port.linear import rows_linear
 
     g = torch.Generator().manual_seed(seed)
@@ -256,12 +257,30 @@ def test_rows_linear_is_the_product_and_batch_invariant(rows, depth, width, bias
     other = torch.randn(1, depth, generator=g)
     with _one_thread():
         out = rows_linear(x, w, b)
+        alone = [rows_linear(x[i : i + 1], w, b) for i in range(rows)]
         pairs = [rows_linear(torch.cat([other, x[i : i + 1]]), w, b) for i in range(rows)]
-    torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
-    assert out.is_contiguous()
-    if rows > 1:
-        for i, pair in enumerate(pairs):
-            assert torch.equal(out[i], pair[1]), f"row {i} of {rows} differs from the same row in a pair"
+    reference = (x.double() @ w.double().T + (b.double() if bias else 0)).float()
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+    assert out.is_contiguous() and out.shape == (rows, width)
+    for i in range(rows):
+        assert torch.equal(out[i], alone[i][0]), f"row {i} of {rows} differs from the same row alone"
+        assert torch.equal(out[i], pairs[i][1]), f"row {i} of {rows} differs from the same row in a pair"
+
+
+def test_rows_linear_packs_a_changed_weight_again():
+    """The packed copy follows the weight: an in-place update through autograd's view bumps its
+    version, one through ``.data`` (as SGLang's loaders write) is caught by the weight-update hook."""
+    from sglang_cpu_port.linear import _after_weight_update, rows_linear
+
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(40, 24, generator=g), torch.randn(3, 24, generator=g)
+    with _one_thread():
+        torch.testing.assert_close(rows_linear(x, w), x @ w.T)
+        w.mul_(2.0)  # version bump
+        torch.testing.assert_close(rows_linear(x, w), x @ w.T)
+        w.data.copy_(torch.randn(40, 24, generator=g))  # no version bump
+        assert _after_weight_update("result", object(), recv_req=None) == "result"
+        torch.testing.assert_close(rows_linear(x, w), x @ w.T)
 
 
 def test_rows_linear_declines_what_it_does_not_compute():
@@ -330,8 +349,8 @@ def test_a_cpu_launcher_forks_its_children_and_a_cuda_one_keeps_spawn():
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_rows_linear_is_one_opaque_op_in_a_captured_graph(rows):
     """Under a graph capture the kernel is the op ``sglang_cpu_port.rows_linear``: a replay computes
-    the product of the inputs it is given (traced as Python, its numpy buffers would be frozen
-    into the graph and every replay would return the capture's result)."""
+    the product of the inputs it is given (traced as Python, its output, written outside torch,
+    would be frozen into the graph and every replay would return the capture's result)."""
     from sglang_cpu_port.linear import rows_linear, rows_linear_kernel
     from sglang_graft.graphs import capture
 

@@ -16,7 +16,7 @@ from sglang_graft.sglang import seams
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "sglang_graft"
 CPU_PORT = PACKAGE.parent / "sglang_cpu_port"
-ALL_SEAMS = [v for v in vars(seams).values() if isinstance(v, seams.Seam)]
+ALL_SEAMS = [s for v in vars(seams).values() for s in (v if isinstance(v, tuple) else (v,)) if isinstance(s, seams.Seam)]
 
 
 @pytest.mark.parametrize("seam", [s for s in ALL_SEAMS if s.static], ids=lambda s: s.target.rsplit(".", 2)[-2] + "." + s.name)

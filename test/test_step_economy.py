@@ -599,3 +599,26 @@ def test_a_step_that_captured_a_graph_is_not_a_cost_sample(monkeypatch):
             capture(lambda t: t + 1, [torch.zeros(2)], backend="standin")
         s.end_step(PlainPlan(rids=["a"]), bs=1)
     assert len(samples) == 2 and s.stats.steps == 3
+
+
+def test_a_speculative_step_after_plain_plan_reads_the_host_once_at_depth_zero(monkeypatch):
+    """``plain_plan`` values the first draft level in one host read; when it decides to speculate,
+    ``keep_drafting`` before the first pass reuses that verdict (no second read, the same answer as
+    asking afresh) and reads again only for the next level."""
+    s = _stepper("cost", topk=1, plain_steps=True)
+    _teach_costs(s, {1: 1.0, 2: 1.5, 4: 2.5, 8: 4.0}, pass_s=0.01)
+    plan, pool = _first_level_step(s, draft_p=0.95)
+    reads = _HostReads(monkeypatch)
+    assert s.plain_plan(plan, pool) is None
+    assert reads.taken() == 1
+    verdict = s._plain_verdict
+    assert verdict is not None and verdict[0] is plan and verdict[1] == pool.num_steps
+    assert s.keep_drafting(plan, pool) is verdict[2]
+    assert reads.taken() == 0
+    fresh, fresh_pool = _first_level_step(s, draft_p=0.95)
+    s._check_levels(fresh, fresh_pool, 0)
+    assert s._deeper_pays(fresh, fresh_pool) is verdict[2]  # asked afresh: one read, the same answer
+    assert reads.taken() == 1
+    deeper = chain_pool(torch.tensor([[5, 6]]), torch.tensor([[0.5, 0.4]]))
+    s.keep_drafting(plan, deeper)
+    assert reads.taken() == 1

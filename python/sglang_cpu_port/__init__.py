@@ -41,7 +41,7 @@ def _lm_head_small_batch(original, processor, hidden_states, lm_head, embedding_
     """AROUND ``LogitsProcessor._compute_lm_head`` on CPU: the logits of up to
     ``linear.MAX_ROWS`` rows (a decode step, a verify of a few draft tokens, a small decode batch)
     from :func:`linear.rows_linear`, the batch-invariant small-row kernel, where SGLang would take
-    its plain ``h @ W^T`` branch (against a large vocabulary MKL's GEMM for 2-12 rows costs 2-3x
+    its plain ``h @ W^T`` branch (against a large vocabulary MKL's GEMM for 2 or more rows costs 1.5-4x
     its one-row product; the README's CPU section has the measurement)."""
     from sglang_graft.sglang import seams
 
@@ -102,6 +102,8 @@ def install_hooks() -> bool:
     seams.register_hook(seams.CPU_BACKEND_FALLBACK, _keep_intel_amx_backend, "AROUND")
     seams.register_hook(seams.CPU_LM_HEAD, _lm_head_small_batch, "AROUND")
     seams.register_hook(seams.CPU_LINEAR, linear._linear_method_apply, "AROUND")
+    for seam in seams.CPU_WEIGHT_UPDATES:
+        seams.register_hook(seam, linear._after_weight_update, "AFTER")
     seams.register_hook(seams.CPU_SHARED_EXPERT_GATE, moe._shared_gate_on_cpu, "AROUND")
     seams.register_hook(seams.CPU_MOE_NATIVE, moe._local_experts_only, "AROUND")
     seams.register_hook(seams.CPU_START_METHOD, _fork_subprocesses, "AFTER")

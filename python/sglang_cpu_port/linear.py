@@ -1,79 +1,71 @@
-"""A float32 linear for a few rows on one CPU thread (decode and verify shapes).
+"""A float32 linear for a few rows on one CPU thread (decode, verify and small-batch shapes).
 
 On CPUs without AMX SGLang's linear layers run torch's ``x @ W^T`` (MKL). For one row MKL takes
-its matrix-vector path; for 2-12 rows it takes a GEMM path that, against the thin ``x``, costs
-1.5-3x the one-row product although it reads the same weights (SmolLM2-135M's layer shapes, one
-thread: the README's CPU section has the measurement). A verify of ``k`` draft tokens is such a
-product, so on these CPUs it paid up to twice a decode step before attention was even counted.
+its matrix-vector path; for 2 or more rows a GEMM path that, against the thin ``x``, costs 1.5-4x
+the one-row product although it reads the same weights (SmolLM2-135M's layer shapes, one thread,
+an AVX-512 AMD CPU: ``benchmark/linear_rows.py``). A verify of ``k`` draft tokens is such a
+product, and so is a decode step of a batch.
 
-:func:`rows_linear` computes ``x @ W^T (+ bias)`` for up to :data:`MAX_ROWS` rows with numba
-kernels that read each weight row once, vectorised over the reduction dimension: one row alone
-(:func:`_one_row`), or 2-12 rows in blocks of four (:func:`_row_blocks`, zero rows padding the last
-block), which keeps four dot products per weight load in registers. Each row's result depends on
-that row alone: among 2-12 rows the product is **batch-invariant** (row ``i`` of any such call
-equals, bit for bit, that row in any other), so a request's verify rows do not change with the
-batch around them. The one-row kernel sums in another order, and both differ from MKL in the last
-bits, like any other kernel choice.
+:func:`rows_linear` computes ``x @ W^T (+ bias)`` for up to :data:`MAX_ROWS` rows with the
+register-blocked kernels of :mod:`sglang_cpu_port.gemm_ir`: a packed copy of each weight
+(``[tiles, K, 32]``, made once per weight) streams once per block of up to 8 rows, and each weight
+load feeds every row of the block, so 8 rows cost about what one row costs. Every output element
+is the same chain of fused multiply-adds over ``k`` whatever the row count, so the product is
+**batch-invariant** (row ``i`` of any call equals, bit for bit, that row computed alone): a
+request's verify rows do not change with the batch around them. The kernels differ from MKL in the
+last bits, like any other kernel choice.
+
+The packed copies double the memory of the float32 linear weights they serve. A copy is keyed on
+the weight's storage, its version counter and :func:`weights_changed`'s generation, which SGLang's
+weight updates bump (:func:`_after_weight_update`), so an updated weight is packed again.
 
 Used only where it can stand in exactly: float32 on the CPU, 2-D contiguous weights, 1 to
-:data:`MAX_ROWS` rows, and one torch thread (with more threads MKL's parallel GEMM is the faster
-choice); everything else returns ``None`` and the caller keeps SGLang's own product.
+:data:`MAX_ROWS` rows, one torch thread (with more threads MKL's parallel GEMM is the faster
+choice) and a CPU the kernels compiled for (:func:`sglang_cpu_port.gemm_ir.kernels`); everything
+else returns ``None`` and the caller keeps SGLang's own product.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-import numba
-import numpy as np
 import torch
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-# Above this many rows torch's GEMM is as fast or faster (SmolLM2's shapes: 16 rows already are).
-MAX_ROWS = 12
+from sglang_cpu_port import gemm_ir
+
+# Rows the kernels take (more: torch's product). Measured up to here on SmolLM2-135M's shapes, one
+# thread (``benchmark/linear_rows.py``): 256 rows 687 against torch's 1110 ms; longer prefill
+# chunks keep SGLang's product, which was not measured against the kernels.
+MAX_ROWS = 256
+
+_GENERATION = [0]
 
 
-_JIT = dict(fastmath={"reassoc", "contract"}, boundscheck=False, nogil=True, cache=True)
+def weights_changed() -> None:
+    """Mark every packed weight stale (weights were loaded or updated in place)."""
+    _GENERATION[0] += 1
 
 
-@numba.njit(**_JIT)
-def _one_row(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - jitted
-    """out[0, j] = sum_k w[j, k] * x[0, k]; x: [1, K], w: [N, K], out: [1, N], all float32."""
-    xr = x[0]
-    for j in range(w.shape[0]):
-        wr = w[j]
-        acc = np.float32(0.0)
-        for k in range(x.shape[1]):
-            acc += wr[k] * xr[k]
-        out[0, j] = acc
+def _after_weight_update(result, *args, **kwargs):
+    """AFTER SGLang's scheduler-side weight updates (from disk, a tensor, IPC, a distributed group,
+    and resuming released memory): packed copies are made again from the new weights."""
+    weights_changed()
+    return result
 
 
-@numba.njit(**_JIT)
-def _row_blocks(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - jitted
-    """out[m, j] = sum_k w[j, k] * x[m, k] for rows in blocks of four; x: [M, K] with M % 4 == 0,
-    w: [N, K], out: [M, N], all float32."""
-    depth = x.shape[1]
-    for j in range(w.shape[0]):
-        wr = w[j]
-        for m in range(0, x.shape[0], 4):
-            x0, x1, x2, x3 = x[m], x[m + 1], x[m + 2], x[m + 3]
-            a0 = a1 = a2 = a3 = np.float32(0.0)
-            for k in range(depth):
-                wk = wr[k]
-                a0 += wk * x0[k]
-                a1 += wk * x1[k]
-                a2 += wk * x2[k]
-                a3 += wk * x3[k]
-            out[m, j], out[m + 1, j], out[m + 2, j], out[m + 3, j] = a0, a1, a2, a3
-
-
-def _weight_array(weight: torch.Tensor) -> np.ndarray:
-    """The weight's memory as a numpy array (DLPack, shared), made once per weight tensor and kept
-    on it (a weight's storage never moves while it serves; the pointer is checked anyway)."""
-    hit = getattr(weight, "_sglang_cpu_port_array", None)
-    if hit is None or hit[0] != weight.data_ptr():
-        hit = (weight.data_ptr(), np.from_dlpack(weight.detach()))
-        weight._sglang_cpu_port_array = hit
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[N, K]`` as ``[ceil(N / 32), K, 32]`` (zero rows padding the last tile), made once
+    per weight and kept on it while its storage, version and the update generation are unchanged."""
+    key = (weight.data_ptr(), weight._version, _GENERATION[0])
+    hit = getattr(weight, "_sglang_cpu_port_packed", None)
+    if hit is None or hit[0] != key:
+        n, k = weight.shape
+        tiles = -(-n // gemm_ir.TILE)
+        padded = torch.zeros(tiles * gemm_ir.TILE, k, dtype=torch.float32)
+        padded[:n] = weight.detach()
+        hit = (key, padded.view(tiles, gemm_ir.TILE, k).transpose(1, 2).contiguous())
+        weight._sglang_cpu_port_packed = hit
     return hit[1]
 
 
@@ -83,10 +75,12 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         x.dtype == torch.float32 and weight.dtype == torch.float32
         and x.device.type == "cpu" and weight.device.type == "cpu"
         and weight.dim() == 2 and weight.is_contiguous() and type(weight.data) is torch.Tensor
+        and weight.shape[0] >= 1 and weight.shape[1] >= 1
         and x.dim() >= 1 and x.shape[-1] == weight.shape[1]
-        and 1 <= x.numel() // max(weight.shape[1], 1) <= MAX_ROWS
+        and 1 <= x.numel() // weight.shape[1] <= MAX_ROWS
         and not x.requires_grad and not weight.requires_grad
         and torch.get_num_threads() == 1
+        and gemm_ir.kernels() is not None
     )
 
 
@@ -99,20 +93,21 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """:func:`rows_linear` once :func:`applies` has been checked."""
-    # Inputs are copied into, and results written to, numpy-owned buffers that torch wraps: no
-    # tensor value is read on the host on the way (what a host-read counter would see).
-    flat = x.reshape(-1, weight.shape[1])
+    """:func:`rows_linear` once :func:`applies` has been checked. Pointers go to the kernels: no
+    tensor value is read on the host on the way (what a host-read counter would see)."""
+    n, depth = weight.shape
+    flat = x.reshape(-1, depth).contiguous()
     rows = flat.shape[0]
-    padded = 1 if rows == 1 else -(-rows // 4) * 4  # 2-12 rows: blocks of four, zero rows padding
-    block = (np.empty if padded == rows else np.zeros)((padded, weight.shape[1]), dtype=np.float32)
-    torch.from_numpy(block)[:rows].copy_(flat)
-    result = np.empty((padded, weight.shape[0]), dtype=np.float32)
-    (_one_row if rows == 1 else _row_blocks)(block, _weight_array(weight), result)
-    out = torch.from_numpy(result)[:rows]
+    packed = packed_weight(weight)
+    tiles = packed.shape[0]
+    width = tiles * gemm_ir.TILE
+    result = torch.empty(rows, width, dtype=torch.float32)
+    gemm_ir.product(gemm_ir.kernels(), flat.data_ptr(), depth, rows, packed.data_ptr(), tiles, depth,
+                    result.data_ptr(), width)
+    out = result if width == n else result[:, :n].contiguous()
     if bias is not None:
         out += bias.to(torch.float32)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return out.view(*x.shape[:-1], n)
 
 
 def _rows_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -124,8 +119,8 @@ def _rows_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
 
 
 # The kernel as a torch op, for graph captures: ``make_fx`` (``sglang_graft.graphs``) records the op as
-# one opaque node, where tracing :func:`rows_linear` as Python would freeze its numpy buffers into the
-# graph as constants (a replay would return the capture's result). Outside a trace the Python call
+# one opaque node, where tracing :func:`rows_linear` as Python would freeze its output (written by a
+# call outside torch) into the graph as a constant (a replay would return the capture's result). Outside a trace the Python call
 # is taken: the op's dispatch costs ~9 us a call (x 210 linears of a SmolLM2 forward).
 _LIB = torch.library.Library("sglang_cpu_port", "FRAGMENT")
 _LIB.define("rows_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")

@@ -175,6 +175,8 @@ class GraftStepper:
         self._may_keep_draft = torch.tensor([k > 0 for k in table], dtype=torch.bool, device=device)
         self._stage_caps = min(table) < self.max_nodes - 1  # False by default: no stage caps the ranking
         self.lagged: Optional[LaggedEntry] = None  # newest decode step whose results are on the host
+        # (plan, draft levels, verdict): plain_plan's _deeper_pays at depth 0, which keep_drafting reuses
+        self._plain_verdict: Optional[tuple] = None
 
     def explore_index(self) -> Optional[int]:
         """The budget this step measures, if it is an exploring step: each budget in turn for the
@@ -256,8 +258,7 @@ class GraftStepper:
         if plan.planned_passes is not None:
             stop = plan.passes >= plan.planned_passes
         else:
-            alive = ~plan.retrieval_confident & self._may_keep_draft[plan.stage]
-            stop = not plan.explore and not self._deeper_pays(plan, pool, alive)
+            stop = not plan.explore and not self._deeper_pays(plan, pool)
         if stop:
             plan.exit_depth.fill_(depth)
             return False
@@ -294,20 +295,30 @@ class GraftStepper:
         self._check_levels(plan, pool, min(depth, self.num_steps - 2))
         plan.exit_depth.fill_(depth)
 
-    def _deeper_pays(self, plan: StepPlan, pool: DraftPool, alive: torch.Tensor) -> bool:
+    def _deeper_pays(self, plan: StepPlan, pool: DraftPool) -> bool:
         """Would another draft level raise the best expected tokens per second? Never when no
-        request is ``alive`` (each is served by a confident retrieval or pruned to the root).
+        request is alive (each is served by a confident retrieval or pruned to the root). One host
+        read, none where :meth:`plain_plan` already answered for these levels."""
+        known = self._plain_verdict
+        if known is not None and known[0] is plan and known[1] == pool.num_steps:
+            return known[2]
+        e_now, e_later = self._expectations(plan, pool)
+        return self._deeper_pays_given(plan, e_now, e_later)
+
+    def _expectations(self, plan: StepPlan, pool: DraftPool) -> tuple[list, Optional[list]]:
+        """Expected tokens of the batch per budget with the levels drafted so far, and with one
+        more (``None`` when no request is alive: none drafts deeper). One host read.
 
         The next level, estimated: the ``topk`` beams of the current depth each get one child
         (siblings are exclusive, so a beam's best child stands for all of them), whose draft
         probability given the beam is taken to be the beam's own given its parent (a draft that
         was sure of the beam tends to be sure of its child); the child's value is the calibrated
-        probability of that path score, never above the beam's. One host read.
+        probability of that path score, never above the beam's.
 
         Example: a beam of path score 0.6 whose parent scored 0.8 (0.75 given the parent) gets a
         child of path score 0.45, worth the calibrated acceptance of the 0.45 bin.
         """
-        bs = len(plan.rids)
+        alive = ~plan.retrieval_confident & self._may_keep_draft[plan.stage]
         values = self._draft_values(plan, pool)
         now = self._union_values(plan, pool, values)
         parent_scores = torch.where(pool.parents >= 0, pool.scores.gather(1, pool.parents.clamp(min=0)), 1.0)
@@ -319,10 +330,14 @@ class GraftStepper:
         k = len(self.budgets)
         host = torch.cat([alive.any().float()[None], expected_tokens(now, self.budgets).sum(0),
                           expected_tokens(later, self.budgets).sum(0)]).tolist()
-        if not host[0]:
+        return host[1: 1 + k], (host[1 + k:] if host[0] else None)
+
+    def _deeper_pays_given(self, plan: StepPlan, e_now: list, e_later: Optional[list]) -> bool:
+        """:meth:`_deeper_pays` from :meth:`_expectations`' answer: the best rate over the budgets
+        with one more draft pass against the best without."""
+        if e_later is None:
             return False
-        e_now, e_later = host[1: 1 + k], host[1 + k:]
-        cost = self.cost.step
+        bs, cost = len(plan.rids), self.cost.step
         rate_now = max(e / cost(bs=bs, num_nodes=n, passes=plan.passes, context=plan.context)
                        for e, n in zip(e_now, self.budgets))
         rate_later = max(e / cost(bs=bs, num_nodes=n, passes=plan.passes + 1, context=plan.context)
@@ -348,7 +363,7 @@ class GraftStepper:
         step (verify of the roots and draft extend, ``StepCost.step(plain=True)``: no tree, no
         fixed part), has the most expected tokens per second among the budgets, and one more
         draft level would not raise the best rate (:meth:`_deeper_pays`). An exploring step for
-        ``N = 1`` is plain, one for another budget speculative. Two host reads.
+        ``N = 1`` is plain, one for another budget speculative. One host read.
 
         Example: bs 1, a draft whose first level is unsure (path score 0.2, calibrated 0.15) and
         no retrieved continuation: ``N = 1`` expects 1 token in 0.10 s, ``N = 2`` 1.15 in 0.13 s,
@@ -361,17 +376,14 @@ class GraftStepper:
             return PlainPlan(plan.rids, explore=True, context=plan.context) if plan.explore_k == 0 else None
         bs = len(plan.rids)
         self._check_levels(plan, pool, pool.num_steps - 1)
-        union = self._union_values(plan, pool, self._draft_values(plan, pool))
-        expected = expected_tokens(union, self.budgets).sum(0).tolist()  # host read
+        e_now, e_later = self._expectations(plan, pool)  # host read
+        deeper = self._deeper_pays_given(plan, e_now, e_later)
+        self._plain_verdict = (plan, pool.num_steps, deeper)  # keep_drafting asks the same at depth 0
         secs = [self.cost.step(bs=bs, num_nodes=1, passes=0, plain=True, context=plan.context)] + [
             self.cost.step(bs=bs, num_nodes=n, passes=0, context=plan.context) for n in self.budgets[1:]]
-        if choose_budget(expected, secs) != 0:
-            return None
-        alive = ~plan.retrieval_confident & self._may_keep_draft[plan.stage]
-        if self._deeper_pays(plan, pool, alive):  # host read
+        if choose_budget(e_now, secs) != 0 or deeper:
             return None
         return PlainPlan(plan.rids, context=plan.context)
-
 
     # -- 3. after the draft ----------------------------------------------------------------------
     def _draft_values(self, plan: StepPlan, pool: DraftPool) -> torch.Tensor:

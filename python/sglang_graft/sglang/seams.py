@@ -148,6 +148,11 @@ CPU_SHARED_EXPERT_GATE = Seam("sglang.kernels.ops.elementwise.elementwise.fused_
                               "add Qwen2-MoE's gated shared expert in torch on CPU (the Triton kernel needs a GPU)")
 CPU_MOE_NATIVE = Seam("sglang.srt.layers.moe.fused_moe_native.moe_forward_native",
                       "serve --ep-size > 1 on CPU: drop other ranks' experts (id -1) from the native MoE loop")
+_WU = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
+CPU_WEIGHT_UPDATES = tuple(
+    Seam(f"{_WU}.{name}", "re-pack the CPU port's small-row kernel weights after SGLang changes the weights")
+    for name in ("update_weights_from_disk", "update_weights_from_distributed", "update_weights_from_tensor",
+                 "update_weights_from_ipc", "resume_memory_occupation"))
 LM_HEAD_USES_QUANT_METHOD = Seam("sglang.srt.layers.logits_processor.should_apply_lm_head_quant_method",
                                  "tell the plain lm_head matmul branch from the others")
 USES_AMX = Seam("sglang.srt.utils.common.use_intel_amx_backend", "tell the plain lm_head matmul branch from AMX's")

@@ -1,0 +1,152 @@
+"""Register-blocked float32 ``x @ W^T`` kernels for a few rows, written in LLVM IR and compiled for
+the host CPU with llvmlite (numba's code generator, already installed with SGLang).
+
+The weight is read from a **packed** copy, ``[tiles, K, TILE]`` (``TILE`` = 32 output columns,
+zero-padded to a whole tile), so one tile's weights stream contiguously. For each tile a kernel keeps
+``rows x TILE`` accumulators in vector registers and, for every ``k``, loads the tile's ``TILE``
+weights once and broadcasts each row's ``x[r, k]`` against them (the outer-product form of a GEMM
+micro-kernel). Per weight load it does ``rows`` fused multiply-adds, so up to :data:`MAX_BLOCK` rows
+cost about what one row costs while the weights stream from memory.
+
+Every output is the same chain, whatever the row count or the row's place in a block::
+
+    out[r, j] = fma(x[r, K-1], w[j, K-1], ... fma(x[r, 1], w[j, 1], fma(x[r, 0], w[j, 0], 0.0)))
+
+so a row's result depends on that row and the weight alone: the product is batch-invariant for any
+number of rows (a request's verify rows are bit-identical whatever batch they are in, and one row
+equals the same row among twelve).
+
+Worked example (``x`` [3, K], one tile): the 3-row kernel runs ``k = 0 .. K-1``; at each ``k`` it
+loads ``w_packed[tile, k, 0:32]`` (two 16-lane vectors) and does 3 x 2 vector FMAs with
+``x[0, k]``, ``x[1, k]``, ``x[2, k]`` broadcast; after the last ``k`` it stores the 3 x 32 sums.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Dict, Optional
+
+TILE = 32  # output columns per packed tile: two 16-lane vectors
+LANES = 16
+MAX_BLOCK = 8  # rows one kernel call keeps in registers (8 x 2 accumulators + 2 weight vectors + 1)
+
+_VT = "<16 x float>"
+_PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                          ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
+
+
+def kernel_ir(rows: int, name: str) -> str:
+    """LLVM IR of ``void name(x, ldx, w_packed, tiles, K, out, ldo)`` for ``rows`` rows.
+
+    x: ``rows`` rows of ``K`` floats, ``ldx`` apart; w_packed: ``[tiles, K, TILE]``;
+    out: ``rows`` rows of ``tiles * TILE`` floats, ``ldo`` apart. ``tiles >= 1`` and ``K >= 1``.
+    """
+    vecs = TILE // LANES
+    ir = [f"define void @{name}(float* noalias nocapture readonly %x, i64 %ldx, float* noalias nocapture "
+          f"readonly %w, i64 %tiles, i64 %K, float* noalias nocapture %out, i64 %ldo) #0 {{",
+          "entry:", "  br label %tile",
+          "tile:", "  %t = phi i64 [0, %entry], [%tn, %tend]",
+          "  %tk = mul i64 %t, %K", f"  %wb0 = mul i64 %tk, {TILE}",
+          "  %wb = getelementptr inbounds float, float* %w, i64 %wb0", "  br label %kloop",
+          "kloop:", "  %k = phi i64 [0, %tile], [%kn, %kloop]"]
+    for r in range(rows):
+        for v in range(vecs):
+            ir.append(f"  %a{r}_{v} = phi {_VT} [zeroinitializer, %tile], [%n{r}_{v}, %kloop]")
+    ir.append(f"  %wo = mul i64 %k, {TILE}")
+    for v in range(vecs):
+        ir += [f"  %wo{v} = add i64 %wo, {LANES * v}",
+               f"  %wp{v} = getelementptr inbounds float, float* %wb, i64 %wo{v}",
+               f"  %wv{v} = bitcast float* %wp{v} to {_VT}*",
+               f"  %w{v} = load {_VT}, {_VT}* %wv{v}, align 4"]
+    for r in range(rows):
+        ir += [f"  %xo{r}a = mul i64 %ldx, {r}", f"  %xo{r} = add i64 %xo{r}a, %k",
+               f"  %xp{r} = getelementptr inbounds float, float* %x, i64 %xo{r}",
+               f"  %xs{r} = load float, float* %xp{r}, align 4",
+               f"  %xi{r} = insertelement {_VT} undef, float %xs{r}, i32 0",
+               f"  %xb{r} = shufflevector {_VT} %xi{r}, {_VT} undef, <16 x i32> zeroinitializer"]
+        for v in range(vecs):
+            ir.append(f"  %n{r}_{v} = call {_VT} @llvm.fma.v16f32({_VT} %xb{r}, {_VT} %w{v}, {_VT} %a{r}_{v})")
+    ir += ["  %kn = add i64 %k, 1", "  %kd = icmp eq i64 %kn, %K", "  br i1 %kd, label %tend, label %kloop",
+           "tend:", f"  %ob = mul i64 %t, {TILE}"]
+    for r in range(rows):
+        ir += [f"  %oo{r}a = mul i64 %ldo, {r}", f"  %oo{r} = add i64 %oo{r}a, %ob"]
+        for v in range(vecs):
+            ir += [f"  %oo{r}_{v} = add i64 %oo{r}, {LANES * v}",
+                   f"  %op{r}_{v} = getelementptr inbounds float, float* %out, i64 %oo{r}_{v}",
+                   f"  %opv{r}_{v} = bitcast float* %op{r}_{v} to {_VT}*",
+                   f"  store {_VT} %n{r}_{v}, {_VT}* %opv{r}_{v}, align 4"]
+    ir += ["  %tn = add i64 %t, 1", "  %td = icmp eq i64 %tn, %tiles", "  br i1 %td, label %done, label %tile",
+           "done:", "  ret void", "}"]
+    return "\n".join(ir)
+
+
+class _Kernels:
+    """The compiled kernels for 1 .. ``max_block`` rows (kept alive with their engine)."""
+
+    def __init__(self) -> None:
+        import llvmlite.binding as llvm
+
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        features = llvm.get_host_cpu_features()
+        # 16 vector registers without AVX-512: two rows (4 accumulators of 8 lanes x 2) stay in them.
+        self.max_block = MAX_BLOCK if features.get("avx512f", False) else 2
+        module = "\n\n".join(
+            ["declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)",
+             'attributes #0 = { nounwind "prefer-vector-width"="512" }']
+            + [kernel_ir(rows, f"rows{rows}") for rows in range(1, self.max_block + 1)])
+        machine = llvm.Target.from_default_triple().create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=3)
+        parsed = llvm.parse_assembly(module)
+        parsed.verify()
+        self._engine = llvm.create_mcjit_compiler(parsed, machine)
+        self._engine.finalize_object()
+        self._module, self._machine = parsed, machine
+        self.by_rows: Dict[int, ctypes._CFuncPtr] = {
+            rows: _PROTO(self._engine.get_function_address(f"rows{rows}")) for rows in range(1, self.max_block + 1)}
+
+    def assembly(self) -> str:
+        """The host code the kernels compiled to (for inspection)."""
+        return self._machine.emit_assembly(self._module)
+
+
+_LOCK = threading.Lock()
+_KERNELS: Optional[_Kernels] = None
+_FAILED: Optional[str] = None
+
+
+def kernels() -> Optional[_Kernels]:
+    """The kernels, compiled on first use; ``None`` where the host has no FMA (``llvm.fma`` would be
+    a library call there) or compilation failed (:func:`failure` says why)."""
+    global _KERNELS, _FAILED
+    if _KERNELS is None and _FAILED is None:
+        with _LOCK:
+            if _KERNELS is None and _FAILED is None:
+                try:
+                    import llvmlite.binding as llvm
+
+                    llvm.initialize_native_target()
+                    if not llvm.get_host_cpu_features().get("fma", False):
+                        _FAILED = "the CPU has no fused multiply-add"
+                    else:
+                        _KERNELS = _Kernels()
+                except Exception as exc:  # noqa: BLE001 - reported by failure(), SGLang's product is kept
+                    _FAILED = f"{type(exc).__name__}: {exc}"
+    return _KERNELS
+
+
+def failure() -> Optional[str]:
+    """Why :func:`kernels` is ``None`` (``None`` when they compiled or were not asked for yet)."""
+    return _FAILED
+
+
+def product(kern: _Kernels, x_ptr: int, ldx: int, rows: int, packed_ptr: int, tiles: int, depth: int,
+            out_ptr: int, ldo: int) -> None:
+    """``out[r, :tiles * TILE] = x[r] @ W^T`` for ``rows`` rows, in blocks of ``kern.max_block`` rows
+    (the last block smaller); pointers to float32 memory laid out as :func:`kernel_ir` says."""
+    done = 0
+    while done < rows:
+        block = min(kern.max_block, rows - done)
+        kern.by_rows[block](x_ptr + 4 * done * ldx, ldx, packed_ptr, tiles, depth, out_ptr + 4 * done * ldo, ldo)
+        done += block
