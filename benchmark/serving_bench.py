@@ -13,11 +13,14 @@ throughput per method and concurrency, and the ratio to no speculation.
     python benchmark/serving_bench.py --output-len-mode variable
     python benchmark/serving_bench.py --interleave          # methods take turns at each level
     python benchmark/serving_bench.py --concurrency 1 4 --prompts-per-level 8 16 --methods none,GRAFT --output-len 64
+    python benchmark/serving_bench.py --variant 'GRAFT-plain=GRAFT --speculative-graft-plain-steps'
 
 ``EAGLE3-adaptive`` is SGLang's ``--speculative-adaptive`` on the usual 3-step chain (its depth
 follows acceptance and batch size); ``EAGLE3-chain`` and ``EAGLE3-tree`` are the static ones.
 GRAFT methods add their step economy after each level (step-time breakdown, draft passes, budgets
-chosen; cumulative since the server started) to the JSON and the Markdown.
+chosen; cumulative since the server started) to the JSON and the Markdown. ``--variant NAME=BASE
+ARGS`` adds method ``NAME``: ``BASE``'s flags and ``ARGS``, run after the ``--methods``; a GRAFT
+variant's economy is its own server's (measured draft passes, budgets and step times).
 
 The same load by hand, against a server you started (the command this script runs)::
 
@@ -119,21 +122,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--interleave", action="store_true",
                     help="all servers up at once; at each concurrency the methods take turns (order rotated per "
                          "level), so drift of the machine's speed is shared (default: one server after another)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE ARGS",
+                    help="another method: BASE's server flags with ARGS added (repeatable)")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "serving")
     args = ap.parse_args(argv)
     if len(args.prompts_per_level) != len(args.concurrency):
         sys.exit("--prompts-per-level needs one value per --concurrency")
     if args.natural_eos:
         args.output_len_mode = "variable"
-    unknown = [m for m in args.methods.split(",") if m.strip() and m.strip() not in METHODS]
+    args.table = dict(METHODS)
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
     if unknown:
         sys.exit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    for spec in args.variant:
+        name, _, rest = spec.partition("=")
+        base, *extra = rest.split()
+        if not name or base not in METHODS or name in args.table:
+            sys.exit(f"--variant {spec!r}: needs NAME=BASE ARGS with a new NAME and BASE one of {', '.join(METHODS)}")
+        args.table[name] = [*METHODS[base], *extra]
+        names.append(name)
+    args.names = names
     return args
 
 
 def server_args(name: str, args: argparse.Namespace) -> list[str]:
     """The server flags of method ``name``."""
-    extra = list(METHODS[name])
+    extra = list(args.table[name])
     if "--speculative-algorithm" in extra:
         extra += ["--speculative-draft-model-path", str(args.draft)]
     extra += ["--max-running-requests", str(max(args.concurrency))]
@@ -200,7 +215,7 @@ def main() -> None:
         print(f"[serving_bench] the dataset has {n_rows} prompts: --prompts-per-level capped to {n_rows}")
         args.prompts_per_level = [min(n, n_rows) for n in args.prompts_per_level]
     t_start = time.time()
-    results, economy = measure([m.strip() for m in args.methods.split(",") if m.strip()], args, dataset)
+    results, economy = measure(args.names, args, dataset)
     base = {r["concurrency"]: r["output_throughput"] for r in results if r["method"] == "none"}
     for r in results:
         r["vs_none"] = r["output_throughput"] / base[r["concurrency"]] if r["concurrency"] in base else None

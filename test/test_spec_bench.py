@@ -181,6 +181,24 @@ def test_a_variant_reports_its_own_nominal_shape():
         spec_bench.variant(table, "x=NOPE --foo")
 
 
+def test_a_serving_bench_variant_serves_its_base_with_its_own_flags():
+    """``serving_bench --variant 'NAME=BASE ARGS'`` runs after the ``--methods`` with BASE's flags and
+    ARGS; an unknown base or a taken name is refused."""
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import serving_bench
+
+    args = serving_bench.parse_args(["--methods", "none,GRAFT", "--variant",
+                                     "GRAFT-plain=GRAFT --speculative-graft-plain-steps"])
+    assert args.names == ["none", "GRAFT", "GRAFT-plain"]
+    flags = serving_bench.server_args("GRAFT-plain", args)
+    assert flags[:3] == ["--speculative-algorithm", "GRAFT", "--speculative-graft-plain-steps"]
+    assert "--speculative-draft-model-path" in flags
+    assert "--speculative-graft-plain-steps" not in serving_bench.server_args("GRAFT", args)
+    for bad in ("x=NOPE --foo", "GRAFT=GRAFT --foo", "=GRAFT"):
+        with pytest.raises(SystemExit):
+            serving_bench.parse_args(["--variant", bad])
+
+
 def test_economy_by_category_is_the_difference_of_snapshots():
     """A category's economy: the server's cumulative counters after its prompts less those before."""
     sys.path.insert(0, str(ROOT / "benchmark"))

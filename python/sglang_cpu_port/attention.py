@@ -39,8 +39,10 @@ def _slot_rows(slots: torch.Tensor):
 
 
 def _gather_kv(buffer: torch.Tensor, rows, scale: float) -> torch.Tensor:
-    """[L, Hkv, D] float32 keys or values at the KV-pool rows ``rows`` (see :func:`_slot_rows`)."""
-    kv = buffer[rows].to(torch.float32)
+    """[L, Hkv, D] float32 keys or values at the KV-pool rows ``rows`` (see :func:`_slot_rows`): a view
+    for a run of slots, else ``index_select`` (a long context on one thread: about 5x faster than
+    advanced indexing, which SGLang's scattered slots after prefix-cache reuse and frees hit)."""
+    kv = (buffer[rows] if isinstance(rows, slice) else buffer.index_select(0, rows)).to(torch.float32)
     if buffer.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and scale != 1.0:
         kv = kv * scale
     return kv
