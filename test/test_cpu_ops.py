@@ -267,6 +267,25 @@ def test_rows_linear_is_the_product_and_batch_invariant(rows, depth, width, bias
         assert torch.equal(out[i], pairs[i][1]), f"row {i} of {rows} differs from the same row in a pair"
 
 
+def test_kernels_that_cannot_compile_are_reported_and_leave_sglangs_product(monkeypatch, caplog):
+    """Kernels that fail to compile (or a CPU without FMA) are named in a warning and by ``failure()``,
+    and ``rows_linear`` declines (the caller keeps SGLang's product) instead of failing the forward."""
+    from sglang_cpu_port import gemm_ir
+    from sglang_cpu_port.linear import rows_linear
+
+    def broken():
+        raise RuntimeError("no target machine")
+
+    monkeypatch.setattr(gemm_ir, "_KERNELS", None)
+    monkeypatch.setattr(gemm_ir, "_FAILED", None)
+    monkeypatch.setattr(gemm_ir, "_Kernels", broken)
+    with caplog.at_level("WARNING", logger="sglang_cpu_port.gemm_ir"), _one_thread():
+        assert gemm_ir.kernels() is None
+        assert rows_linear(torch.randn(2, 4), torch.randn(8, 4)) is None
+    assert gemm_ir.failure() == "RuntimeError: no target machine"
+    assert "small-row linear kernels are off (RuntimeError: no target machine)" in caplog.text
+
+
 def test_rows_linear_packs_a_changed_weight_again():
     """The packed copy follows the weight: an in-place update through autograd's view bumps its
     version, one through ``.data`` (as SGLang's loaders write) is caught by the weight-update hook."""

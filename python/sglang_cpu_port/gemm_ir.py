@@ -24,8 +24,11 @@ loads ``w_packed[tile, k, 0:32]`` (two 16-lane vectors) and does 3 x 2 vector FM
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 from typing import Dict, Optional
+
+logger = logging.getLogger(__name__)
 
 TILE = 32  # output columns per packed tile: two 16-lane vectors
 LANES = 16
@@ -133,6 +136,9 @@ def kernels() -> Optional[_Kernels]:
                         _KERNELS = _Kernels()
                 except Exception as exc:  # noqa: BLE001 - reported by failure(), SGLang's product is kept
                     _FAILED = f"{type(exc).__name__}: {exc}"
+                if _FAILED is not None:
+                    logger.warning("sglang-graft CPU support: the small-row linear kernels are off (%s); "
+                                   "float32 linears keep SGLang's own product", _FAILED)
     return _KERNELS
 
 
