@@ -4,11 +4,13 @@ from __future__ import annotations
 
 
 def register() -> None:
-    """Register ``--speculative-algorithm GRAFT``, its flags and hooks (SGLang on a CPU is the
+    """Register ``--speculative-algorithm GRAFT``, its flags and hooks, and the residual-stream
+    capture of EAGLE-3 heads on Gemma-3 targets (:mod:`target_capture`; SGLang on a CPU is the
     separate ``sglang_cpu_port`` plugin)."""
-    from sglang_graft.sglang import algorithm, hooks, host_reads
+    from sglang_graft.sglang import algorithm, hooks, host_reads, target_capture
 
     algorithm.register_algorithm()
     algorithm.register_hooks()
     hooks.register()
     host_reads.register()
+    target_capture.register()  # EAGLE-3 on a Gemma-3 target, GRAFT or not

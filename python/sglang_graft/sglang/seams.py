@@ -126,6 +126,9 @@ SPEC_RUNTIME_STATE = Seam(f"{_SW}.adaptive_runtime_state.SpecRuntimeState",
 ADD_CLI_ARGS = Seam("sglang.srt.server_args.ServerArgs.add_cli_args", "add the --speculative-graft-* flags")
 FROM_CLI_ARGS = Seam("sglang.srt.server_args.ServerArgs.from_cli_args",
                      "carry the parsed GRAFT flags on the server-args record")
+GEMMA3_CAPTURE = Seam("sglang.srt.models.gemma3_causal.Gemma3ForCausalLM.set_eagle3_layers_to_capture",
+                      "feed an EAGLE-3 head the residual stream of a Gemma-3 target (SGLang 0.5.23 captures a branch "
+                      "on a CPU and a normed input on CUDA; see target_capture)")
 SERVER_INFO = Seam("sglang.srt.managers.scheduler_components.internal_state."
                    "SchedulerInternalStateController._add_speculative", "add GRAFT's counters to /server_info")
 RELEASE_KV_CACHE = Seam("sglang.srt.mem_cache.common.release_kv_cache",
