@@ -7,9 +7,9 @@ import json
 
 import pytest
 import requests
-import torch
 
 from server_utils import SGLangServer
+from tiny_models import hf_greedy
 
 pytestmark = pytest.mark.server
 
@@ -28,20 +28,6 @@ def _prompt_ids(model_dir) -> list[list[int]]:
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     return [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
-
-
-def _hf_greedy(model_dir, prompt_ids: list[list[int]]) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    outs = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            x = torch.tensor([ids])
-            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
-                               min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-            outs.append(y[0, len(ids):].tolist())
-    return outs
 
 
 def _server_greedy(server: SGLangServer, prompt_ids) -> list[list[int]]:
@@ -110,14 +96,14 @@ def test_streaming_matches_non_streaming(llama_plain):
 def test_llama_greedy_matches_hf(tiny_models, llama_reference):
     ids, served = llama_reference
     assert len(ids) >= 4
-    assert served == _hf_greedy(tiny_models["llama"], ids)
+    assert served == hf_greedy(tiny_models["llama"], ids, NEW_TOKENS)
 
 
 def test_qwen3_greedy_matches_hf(tiny_models, server_logs):
     ids = _prompt_ids(tiny_models["qwen3"])
     with SGLangServer(tiny_models["qwen3"], log_path=server_logs / "qwen3-plain.log") as srv:
         served = _server_greedy(srv, ids)
-    assert served == _hf_greedy(tiny_models["qwen3"], ids)
+    assert served == hf_greedy(tiny_models["qwen3"], ids, NEW_TOKENS)
 
 
 def test_ngram_token_exact(tiny_models, server_logs, llama_reference):

@@ -6,17 +6,22 @@
 * a tiny Qwen3-MoE target shaped like Qwen3-235B-A22B (``Qwen3MoeForCausalLM``: every layer sparse,
   no shared expert, softmax routing renormalised over the top k (``norm_topk_prob``), 16 experts,
   top 4, GQA and QK-norm), same tokenizer, random weights, float32;
-* a tiny random EAGLE-3 head for the Llama target and one for the Qwen3-MoE target, in the format SGLang's
+* a tiny Gemma-3 text target (``Gemma3ForCausalLM``) with a SHORT sliding window (8 tokens) on three of
+  its four layers and full attention on the other, tied embeddings, QK-norm, GELU-tanh MLP, same
+  tokenizer, random weights, float32 (prompts of a few dozen tokens already slide past the window);
+* a tiny random EAGLE-3 head for the Llama target, one for the Qwen3-MoE target and one for the Gemma-3
+  target, in the format SGLang's
   ``LlamaForCausalLMEagle3`` loads (SpecForge's export format: one ``midlayer`` decoder layer fed
   by the fused low/mid/high target hidden states, ``fc``, ``norm``, a reduced draft vocabulary
   ``lm_head`` and the ``d2t`` / ``t2d`` maps).
 
 Usage: ``python test/tiny_models.py OUT_DIR`` writes
-``OUT_DIR/{tokenizer,llama,qwen3,llama-eagle3,qwen3-moe,qwen3-moe-eagle3}``.
+``OUT_DIR/{tokenizer,llama,qwen3,llama-eagle3,qwen3-moe,qwen3-moe-eagle3,gemma3,gemma3-eagle3}``.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import sysconfig
@@ -38,6 +43,18 @@ TARGET_DIMS = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, 
 # ``id + 1`` for ids 0, 1, 2, so three distinct captured layers need four.
 MOE_DIMS = dict(moe_intermediate_size=64, num_experts=16, num_experts_per_tok=4, norm_topk_prob=True,
                 decoder_sparse_step=1, mlp_only_layers=[])
+# Gemma-3: a window far shorter than the prompts, on layers 0, 1 and 3 (layer 2 attends to everything),
+# so the EAGLE-3 head's captured layers (inputs of layers 1, 2, 3) follow both kinds. Gemma's own
+# choices kept: tied embeddings (the lm_head is ``embed_tokens``), QK-norm, the query scale
+# ``query_pre_attn_scalar ** -0.5`` (= 1 / sqrt(head_dim) here), a local RoPE base on sliding layers,
+# no logit soft-capping.
+GEMMA3_SLIDING_WINDOW = 8
+GEMMA3_DIMS = dict(sliding_window=GEMMA3_SLIDING_WINDOW, query_pre_attn_scalar=TARGET_DIMS["head_dim"],
+                   layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+                   hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
+                   attn_logit_softcapping=None, attention_bias=False)
 
 
 def _corpus(max_bytes: int = 3_000_000):
@@ -75,8 +92,8 @@ def _save_model(model, tokenizer_dir: Path, out: Path) -> None:
 
 
 def build_target(kind: str, tokenizer_dir: Path, out: Path, seed: int = 0) -> None:
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                              Qwen3MoeForCausalLM)
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
     eos = 2  # <|im_end|>
     common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=eos, pad_token_id=0,
@@ -88,6 +105,15 @@ def build_target(kind: str, tokenizer_dir: Path, out: Path, seed: int = 0) -> No
         model = Qwen3ForCausalLM(Qwen3Config(rope_theta=10000.0, **common))
     elif kind == "qwen3-moe":
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(rope_theta=10000.0, **MOE_DIMS, **common))
+    elif kind == "gemma3":
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**{**common, "tie_word_embeddings": True},
+                                                   **copy.deepcopy(GEMMA3_DIMS)))
+        # Gemma's RMSNorm gains are 1 + weight, initialised at 1: with tied embeddings and the input embedding
+        # scaled by sqrt(hidden), such a random Gemma predicts the token it was fed, forever. The final norm's
+        # gains drawn around 0.15 with random signs break that echo and keep a little copying: greedy outputs
+        # mix varied and repeating stretches (so GRAFT's retrieval gets some nodes accepted).
+        with torch.no_grad():
+            model.model.norm.weight.copy_(torch.randn(model.config.hidden_size) - 0.85)
     else:
         raise ValueError(f"unknown tiny target kind {kind!r}")
     _save_model(model.eval(), tokenizer_dir, out)
@@ -143,17 +169,37 @@ def build_eagle3_head(target_dir: Path, out: Path, seed: int = 1) -> None:
     (out / "config.json").write_text(json.dumps(head_cfg, indent=2))
 
 
+def hf_greedy(model_dir: Path, prompt_ids: list[list[int]], new_tokens: int, **config) -> list[list[int]]:
+    """HF transformers' greedy continuations (float32, eager attention) of ``prompt_ids``, exactly
+    ``new_tokens`` each; ``config``: attributes of the model config overridden first."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    for key, value in config.items():
+        setattr(cfg, key, value)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, config=cfg, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    outs = []
+    with torch.no_grad():
+        for ids in prompt_ids:
+            x = torch.tensor([ids])
+            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                               min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            outs.append(y[0, len(ids):].tolist())
+    return outs
+
+
 def build_all(out: Path) -> dict[str, Path]:
     """Build every tiny fixture under ``out`` (idempotent); returns their directories."""
     out = Path(out)
     paths = {name: out / name for name in ("tokenizer", "llama", "qwen3", "llama-eagle3", "qwen3-moe",
-                                           "qwen3-moe-eagle3")}
+                                           "qwen3-moe-eagle3", "gemma3", "gemma3-eagle3")}
     if not (paths["tokenizer"] / "tokenizer.json").exists():
         build_tokenizer(paths["tokenizer"])
-    for kind in ("llama", "qwen3", "qwen3-moe"):
+    for kind in ("llama", "qwen3", "qwen3-moe", "gemma3"):
         if not (paths[kind] / "config.json").exists():
             build_target(kind, paths["tokenizer"], paths[kind])
-    for target, seed in (("llama", 1), ("qwen3-moe", 2)):
+    for target, seed in (("llama", 1), ("qwen3-moe", 2), ("gemma3", 3)):
         if not (paths[f"{target}-eagle3"] / "config.json").exists():
             build_eagle3_head(paths[target], paths[f"{target}-eagle3"], seed=seed)
     return paths
