@@ -42,14 +42,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "models"))
 
+import build_smollm2  # noqa: E402
 import prompt_sets  # noqa: E402
 import requests  # noqa: E402
 from plotting import pyplot  # noqa: E402
 from local_server import SERVER_ENV, SGLangServer  # noqa: E402
 from spec_bench import ADAPTIVE, CHAIN, render_economy  # noqa: E402
 
-DEFAULT_HEAD = HERE / "models" / "smollm2-135m-eagle3"
 METHODS = {
     "none": [],
     # SGLang turns the overlap scheduler off for speculative decoding on CPU; this isolates the step
@@ -82,12 +83,19 @@ def write_dataset(path: Path, per_category: int, split: str = "report", prompts:
     return len(rows)
 
 
+def chat_flags(model: Path) -> list[str]:
+    """bench_serving's ``--apply-chat-template`` where ``model``'s tokenizer has a chat template."""
+    config = json.loads((Path(model) / "tokenizer_config.json").read_text())
+    return ["--apply-chat-template"] if config.get("chat_template") or (Path(model) / "chat_template.jinja").exists() else []
+
+
 def run_load(url: str, model: Path, dataset: Path, concurrency: int, num_prompts: int, output_len: int,
              out_file: Path, natural_eos: bool = False) -> dict:
-    """One level of load; ``natural_eos``: requests end at EOS (at most ``output_len`` tokens)."""
+    """One level of load; ``natural_eos``: requests end at EOS (at most ``output_len`` tokens). Prompts
+    go through the model's chat template where it has one (a base model gets the plain text)."""
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
            "--tokenizer", str(model), "--dataset-name", "custom", "--dataset-path", str(dataset),
-           "--apply-chat-template", "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
+           *chat_flags(model), "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1",
            "--output-file", str(out_file), "--disable-tqdm"] + (["--disable-ignore-eos"] if natural_eos else [])
     env = {**os.environ, **SERVER_ENV}
@@ -100,8 +108,11 @@ def run_load(url: str, model: Path, dataset: Path, concurrency: int, num_prompts
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, help="target HF dir (default: SmolLM2-135M-Instruct, built offline)")
-    ap.add_argument("--draft", type=Path, default=DEFAULT_HEAD)
+    ap.add_argument("--target", default="smollm2", choices=["smollm2", "gemma3"],
+                    help="the built-in target (SmolLM2-135M-Instruct or Gemma-3-270M, built offline from its wheels, "
+                    "benchmark/models/build_smollm2.py) and its committed EAGLE-3 head")
+    ap.add_argument("--model", type=Path, help="target HF dir instead of --target's")
+    ap.add_argument("--draft", type=Path, help="EAGLE-3 head dir (default: --target's committed head)")
     ap.add_argument("--methods", default="none,EAGLE3-adaptive,GRAFT", help=f"comma-separated, of {', '.join(METHODS)}")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
     ap.add_argument("--prompts-per-level", type=int, nargs="+", default=[8, 16, 32, 64],
@@ -126,6 +137,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="another method: BASE's server flags with ARGS added (repeatable)")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "serving")
     args = ap.parse_args(argv)
+    if args.draft is None:
+        args.draft = build_smollm2.head_dir(args.target)
     if len(args.prompts_per_level) != len(args.concurrency):
         sys.exit("--prompts-per-level needs one value per --concurrency")
     if args.natural_eos:
@@ -204,10 +217,7 @@ def measure(names: list[str], args: argparse.Namespace, dataset: Path) -> tuple[
 def main() -> None:
     args = parse_args()
     if args.model is None:
-        sys.path.insert(0, str(HERE / "models"))
-        import build_smollm2
-
-        args.model = build_smollm2.build(build_smollm2.default_dir("float32"), "float32")
+        args.model = build_smollm2.build_target(args.target, "float32")
     args.out.mkdir(parents=True, exist_ok=True)
     dataset = args.out / "prompts.jsonl"
     n_rows = write_dataset(dataset, args.prompts_per_category, args.split, args.prompts)

@@ -55,11 +55,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "models"))
 
+import build_smollm2  # noqa: E402
 import prompt_sets  # noqa: E402
 from plotting import pyplot  # noqa: E402
 
-DEFAULT_HEAD = HERE / "models" / "smollm2-135m-eagle3"
 
 
 @dataclass(frozen=True)
@@ -239,8 +240,11 @@ DEFAULT_METHODS = ("none,NGRAM,EAGLE3-tree,EAGLE3-chain,EAGLE3-adaptive,GRAFT,GR
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, help="target HF dir (default: SmolLM2-135M-Instruct, built offline)")
-    ap.add_argument("--draft", type=Path, default=DEFAULT_HEAD, help="EAGLE-3 head dir")
+    ap.add_argument("--target", default="smollm2", choices=["smollm2", "gemma3"],
+                    help="the built-in target (SmolLM2-135M-Instruct or Gemma-3-270M, built offline from its wheels, "
+                    "benchmark/models/build_smollm2.py) and its committed EAGLE-3 head")
+    ap.add_argument("--model", type=Path, help="target HF dir instead of --target's")
+    ap.add_argument("--draft", type=Path, help="EAGLE-3 head dir (default: --target's committed head)")
     ap.add_argument("--prompts", type=Path, help="JSONL with category and prompt fields (default: built-in sets)")
     ap.add_argument("--split", default="report", choices=["tune", "report"],
                     help="built-in prompts to serve: 'report' (default; what RESULTS.md reports) or 'tune' (where "
@@ -267,6 +271,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "fits 10 minutes on 2 cores, but then methods share the CPU and speed ratios are indicative)")
     ap.add_argument("--json", type=Path, default=HERE / "out" / "spec_bench.json")
     args = ap.parse_args(argv)
+    if args.draft is None:
+        args.draft = build_smollm2.head_dir(args.target)
     if args.num_prompts is None:
         args.num_prompts = 2 if args.quick else 5
     if args.max_new_tokens is None:
@@ -315,10 +321,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     if args.model is None:
-        sys.path.insert(0, str(HERE / "models"))
-        import build_smollm2
-
-        args.model = build_smollm2.build(build_smollm2.default_dir(args.dtype), args.dtype)
+        args.model = build_smollm2.build_target(args.target, args.dtype)
     table, chosen = choose_methods(args)
     prompts = load_prompts(args, AutoTokenizer.from_pretrained(args.model))
 

