@@ -13,7 +13,7 @@ throughput per method and concurrency, and the ratio to no speculation.
     python benchmark/serving_bench.py --output-len-mode variable
     python benchmark/serving_bench.py --interleave          # methods take turns at each level
     python benchmark/serving_bench.py --concurrency 1 4 --prompts-per-level 8 16 --methods none,GRAFT --output-len 64
-    python benchmark/serving_bench.py --variant 'GRAFT-plain=GRAFT --speculative-graft-plain-steps'
+    python benchmark/serving_bench.py --variant 'GRAFT-plain=GRAFT --speculative-graft-plain-steps on'
 
 ``EAGLE3-adaptive`` is SGLang's ``--speculative-adaptive`` on the usual 3-step chain (its depth
 follows acceptance and batch size); ``EAGLE3-chain`` and ``EAGLE3-tree`` are the static ones.

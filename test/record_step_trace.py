@@ -30,11 +30,11 @@ BATCH = [REPETITIVE[0], REPETITIVE[1], OTHER[0]]
 SINGLE = [REPETITIVE[2], OTHER[2]]
 TREE = ["--speculative-num-steps", "4", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8"]
 MODES = {
-    "tree-cost": [*TREE, "--speculative-graft-sync-free", "off", "--speculative-graft-plain-steps"],
+    "tree-cost": [*TREE, "--speculative-graft-sync-free", "off", "--speculative-graft-plain-steps", "on"],
     "tree-sync-free": [*TREE, "--speculative-graft-sync-free", "on"],
     "tree-fixed": [*TREE, "--speculative-graft-budget-mode", "fixed", "--speculative-graft-sync-free", "off"],
     "chain-cost": ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
-                   "6", "--speculative-graft-sync-free", "off", "--speculative-graft-plain-steps"],
+                   "6", "--speculative-graft-sync-free", "off", "--speculative-graft-plain-steps", "on"],
 }
 
 

@@ -76,7 +76,7 @@ def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_l
     ids, ref = reference
     env = {**COUNT_READS, **pinned_env(tmp_path / "pinned")}
     with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-per-step-metrics",
-                                                        "--speculative-graft-plain-steps"),
+                                                        "--speculative-graft-plain-steps", "on"),
                       log_path=server_logs / "graft-auto.log", env=env) as srv:
         outs = _run_all(srv, ids)
         assert [o["output_ids"] for o in outs] == ref

@@ -38,7 +38,7 @@ VOCAB = 4096
 # (the tiny random head rarely pays for a tree, and the cost-aware step would verify most roots alone;
 # a plain step's commit is SGLang's one-node verify, the N = 1 step these tests served before)
 GRAFT_ARGS = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
-              "--max-running-requests", "32", "--no-speculative-graft-plain-steps"]
+              "--max-running-requests", "32", "--speculative-graft-plain-steps", "off"]
 
 
 @pytest.fixture(scope="module")

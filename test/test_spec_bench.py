@@ -188,10 +188,10 @@ def test_a_serving_bench_variant_serves_its_base_with_its_own_flags():
     import serving_bench
 
     args = serving_bench.parse_args(["--methods", "none,GRAFT", "--variant",
-                                     "GRAFT-plain=GRAFT --speculative-graft-plain-steps"])
+                                     "GRAFT-plain=GRAFT --speculative-graft-plain-steps on"])
     assert args.names == ["none", "GRAFT", "GRAFT-plain"]
     flags = serving_bench.server_args("GRAFT-plain", args)
-    assert flags[:3] == ["--speculative-algorithm", "GRAFT", "--speculative-graft-plain-steps"]
+    assert flags[:4] == ["--speculative-algorithm", "GRAFT", "--speculative-graft-plain-steps", "on"]
     assert "--speculative-draft-model-path" in flags
     assert "--speculative-graft-plain-steps" not in serving_bench.server_args("GRAFT", args)
     for bad in ("x=NOPE --foo", "GRAFT=GRAFT --foo", "=GRAFT"):

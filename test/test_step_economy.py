@@ -509,15 +509,18 @@ def test_host_reads_per_cost_aware_step(monkeypatch):
     assert reads.taken() == 0
 
 
-def _first_level_step(s: GraftStepper, draft_p: float, retrieved: float = 0.0):
-    """A step of one request whose draft's first level (one chain candidate) is worth ``draft_p``
-    (every draft bin calibrated to it) and whose retrieval proposes a 3-token chain of calibrated
-    value ``retrieved`` per node (none when 0): its plan after retrieval, and the first-level pool."""
+def _first_level_step(s: GraftStepper, draft_p: float, retrieved: float = 0.0, bs: int = 1):
+    """A step of ``bs`` requests whose draft's first level (one chain candidate each) is worth
+    ``draft_p`` (every draft bin calibrated to it) and, with ``bs`` 1, whose retrieval proposes a
+    3-token chain of calibrated value ``retrieved`` per node (none when 0): its plan after
+    retrieval, and the first-level pool."""
     from sglang_graft.tree.types import RetrievalProposals
 
     s.calibration.prior[: s.calibration.ranges["draft"][1]] = draft_p
     s.timer.begin()
-    plan = s.begin(["a"], torch.tensor([3]))
+    plan = s.begin(["a", "b", "c", "d"][:bs], torch.arange(3, 3 + bs))
+    if bs > 1:
+        return plan, chain_pool(torch.full((bs, 1), 5), torch.full((bs, 1), 0.5))
     if retrieved:
         values = torch.tensor([[retrieved, retrieved ** 2, retrieved ** 3]])
         plan.proposals = RetrievalProposals(torch.tensor([[11, 12, 13]]), torch.tensor([[-1, 0, 1]]), values,
@@ -531,7 +534,7 @@ def test_a_step_is_plain_when_n1_pays_best_with_this_steps_own_proposals():
     N = 1 priced as a plain step (no fixed part) has the best expected tokens per second and a
     draft pass would not pay: an unsure draft and nothing retrieved is plain; the same step with a
     confident retrieved chain, or a confident draft, speculates; no history is involved."""
-    s = _stepper("cost", topk=1, plain_steps=True)
+    s = _stepper("cost", topk=1, plain_steps="on")
     _teach_costs(s, {1: 1.0, 2: 1.5, 4: 2.5, 8: 4.0}, pass_s=2.0)
     plan, pool = _first_level_step(s, draft_p=0.05)
     plain = s.plain_plan(plan, pool)
@@ -547,15 +550,28 @@ def test_a_step_is_plain_when_n1_pays_best_with_this_steps_own_proposals():
     assert isinstance(s.plain_plan(plan, pool), PlainPlan)
 
 
+def test_batched_plain_steps_are_decided_in_batches_only():
+    """The default, ``batched``: the same unsure first level is plain for a batch of two requests
+    and speculative (N = 1 verified as a one-node tree) for one request; ``on`` plains both."""
+    for mode, plain_at in (("batched", {2}), ("on", {1, 2})):
+        s = _stepper("cost", topk=1, **({} if mode == "batched" else {"plain_steps": mode}))
+        assert s.cfg.plain_steps == mode and s.may_plain
+        _teach_costs(s, {1: 1.0, 2: 1.5, 4: 2.5, 8: 4.0}, pass_s=2.0)
+        for bs in (1, 2):
+            decided = s.plain_plan(*_first_level_step(s, draft_p=0.05, bs=bs))
+            assert isinstance(decided, PlainPlan) == (bs in plain_at), (mode, bs)
+
+
 def test_no_plain_step_where_plain_steps_cannot_be_decided():
-    """Plain steps off (the default), fixed budget, sync-free, or no budget of 1: never plain."""
+    """Plain steps off, fixed budget, sync-free, or no budget of 1: never plain."""
     costs = {1: 1.0, 2: 5.0, 8: 40.0}
-    for s in (_stepper("cost", topk=1), _stepper("cost", topk=1, budgets=(2, 4, 8), plain_steps=True)):
+    for s in (_stepper("cost", topk=1, plain_steps="off"),
+              _stepper("cost", topk=1, budgets=(2, 4, 8), plain_steps="on")):
         _teach_costs(s, {k: v for k, v in costs.items() if k in s.budgets}, pass_s=0.0)
         assert not s.may_plain and s.plain_plan(*_first_level_step(s, draft_p=0.01)) is None
-    fixed = _stepper("fixed", budgets=(8,), plain_steps=True)
+    fixed = _stepper("fixed", budgets=(8,), plain_steps="on")
     assert not fixed.may_plain and fixed.plain_plan(*_first_level_step(fixed, draft_p=0.01)) is None
-    sync_free = _stepper("cost", topk=1, plain_steps=True)
+    sync_free = _stepper("cost", topk=1, plain_steps="on")
     assert sync_free.may_plain
     sync_free.sync_free = True
     assert not sync_free.may_plain
@@ -577,7 +593,7 @@ def test_a_plain_step_is_priced_and_measured_without_retrieval_or_tree_work():
 
 
 def test_exploring_budget_one_is_a_plain_step():
-    s = _stepper("cost", budgets=(1, 2, 4), topk=1, plain_steps=True)
+    s = _stepper("cost", budgets=(1, 2, 4), topk=1, plain_steps="on")
     s.stats.steps = 0
     plan = s.plain_plan(*_first_level_step(s, draft_p=0.95))
     assert plan is not None and plan.explore
@@ -605,7 +621,7 @@ def test_a_speculative_step_after_plain_plan_reads_the_host_once_at_depth_zero(m
     """``plain_plan`` values the first draft level in one host read; when it decides to speculate,
     ``keep_drafting`` before the first pass reuses that verdict (no second read, the same answer as
     asking afresh) and reads again only for the next level."""
-    s = _stepper("cost", topk=1, plain_steps=True)
+    s = _stepper("cost", topk=1, plain_steps="on")
     _teach_costs(s, {1: 1.0, 2: 1.5, 4: 2.5, 8: 4.0}, pass_s=0.01)
     plan, pool = _first_level_step(s, draft_p=0.95)
     reads = _HostReads(monkeypatch)

@@ -24,8 +24,15 @@ from step_trace import Engine, load, replay, state
 TRACES = sorted((Path(__file__).resolve().parent / "data" / "step_traces").glob("*.pt.gz"))
 
 
-def _engine() -> Engine:
+def _config(**fields):
+    """A recorded config; traces recorded while plain steps were a switch say True / False."""
     from sglang_graft.config import GraftConfig
+
+    mode = fields.get("plain_steps")
+    return GraftConfig(**{**fields, "plain_steps": {True: "on", False: "off"}.get(mode, mode)})
+
+
+def _engine() -> Engine:
     from sglang_graft.engine.lagged import LaggedEntry
     from sglang_graft.engine.outcome import HostOutcome, StepOutcome
     from sglang_graft.engine.retrieval_state import GraftRetrieval
@@ -33,7 +40,7 @@ def _engine() -> Engine:
     from sglang_graft.tree import DraftPool, RetrievalProposals
 
     return Engine(make_retrieval=GraftRetrieval, make_stepper=GraftStepper,
-                  classes={"GraftConfig": GraftConfig, "DraftPool": DraftPool, "RetrievalProposals": RetrievalProposals,
+                  classes={"GraftConfig": _config, "DraftPool": DraftPool, "RetrievalProposals": RetrievalProposals,
                            "LaggedEntry": LaggedEntry, "HostOutcome": HostOutcome, "StepOutcome": StepOutcome})
 
 

@@ -57,12 +57,12 @@ def _graft_args(tiny_models, *extra) -> list[str]:
 # would verify most roots alone).
 MODES = [
     ("tree", ["--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
-              "--speculative-graft-sync-free", "off", "--no-speculative-graft-plain-steps"], (1, 2)),
+              "--speculative-graft-sync-free", "off", "--speculative-graft-plain-steps", "off"], (1, 2)),
     ("chain-sync-free", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
                          "--speculative-graft-sync-free", "on"], (1, 0)),
     ("chain-grafted", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
                        "--speculative-graft-thresholds", "0", "0.5", "0.5", "--speculative-graft-sync-free", "off",
-                       "--no-speculative-graft-plain-steps"],
+                       "--speculative-graft-plain-steps", "off"],
      (1, 3)),
 ]
 

@@ -44,6 +44,9 @@ GRAPH_MODES = ("auto", "on", "off", "shadow")
 # from results two worker calls old, re-rooted on the device), ``off`` (fresh values, host reads),
 # ``auto``: on for CUDA, off on a CPU (where a host read stalls nothing).
 SYNC_FREE_MODES = ("auto", "on", "off")
+# --speculative-graft-plain-steps: where a cost-aware step may be decided plain (N = 1, the roots
+# verified alone): in batches of two or more requests (batched), in every batch (on), never (off).
+PLAIN_STEP_MODES = ("batched", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class GraftConfig:
     skip_draft_tokens: float = 3.0  # retrieval alone expects this many accepted tokens: no draft passes
     tp_check: int = 0  # every K steps compare a hash of the verify tree across TP ranks (0 = off)
     sync_free: str = "auto"  # no host read in the decode step (see SYNC_FREE_MODES)
-    plain_steps: bool = False  # cost mode: a step whose N = 1 pays best before any draft pass verifies its roots alone
+    plain_steps: str = "batched"  # cost mode: where a step whose N = 1 pays best verifies its roots alone (PLAIN_STEP_MODES)
     graph: str = "auto"  # the tree build replayed from captured graphs (see GRAPH_MODES)
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:
@@ -179,10 +182,11 @@ _FLAGS: dict[str, dict[str, Any]] = {
                       "re-rooted on the device along the newest committed path; responses carry no per-request "
                       "GRAFT counts); off: fresh values, a few host reads per step; auto: on for CUDA (unless "
                       "--speculative-graft-placement deepest_draft or --speculative-graft-per-step-metrics), off on a CPU."),
-    "plain_steps": dict(action=argparse.BooleanOptionalAction, help="Cost-aware budget: when, valued after "
-                        "retrieval at the draft's first level, budget 1 priced as a plain decode step pays best and "
-                        "no draft pass would, the step is a plain decode step (the roots verified alone; no draft "
-                        "pass, tree or feed). Off by default: on the tuning prompts it was no faster. Not in "
+    "plain_steps": dict(choices=PLAIN_STEP_MODES, help="Cost-aware budget: when, valued after retrieval at the "
+                        "draft's first level, budget 1 priced as a plain decode step pays best and no draft pass "
+                        "would, the step is a plain decode step (the roots verified alone; no draft pass, tree or "
+                        "feed). batched: in batches of 2 or more requests (on the tuning prompts under load "
+                        "faster than off; at batch 1 it was not); on: in every batch; off: never. Not in "
                         "sync-free mode."),
     "graph": dict(choices=GRAPH_MODES, help="on: build each step's tree (prune, graft, flatten, mask) by replaying "
                   "a graph captured per budget, batch-size bucket and input shapes (CUDA graphs on CUDA, a stand-in "

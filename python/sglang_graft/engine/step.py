@@ -348,10 +348,11 @@ class GraftStepper:
     @property
     def may_plain(self) -> bool:
         """Whether :meth:`plain_plan` can decide a step plain: cost mode with plain steps on
-        (``--speculative-graft-plain-steps``), 1 among the budgets, and not sync-free (whose
+        (``--speculative-graft-plain-steps`` batched or on), 1 among the budgets, and not sync-free (whose
         decisions take the newest known step's expectations, so a plain step would measure
         nothing that could end a run of them)."""
-        return self.cost_aware and self.cfg.plain_steps and not self.sync_free and self.budgets[0] == 1
+        return (self.cost_aware and self.cfg.plain_steps != "off" and not self.sync_free
+                and self.budgets[0] == 1)
 
     def plain_plan(self, plan: StepPlan, pool: DraftPool) -> Optional[PlainPlan]:
         """Whether this step is plain (a :class:`PlainPlan`: the roots verified alone, no draft
@@ -363,14 +364,15 @@ class GraftStepper:
         step (verify of the roots and draft extend, ``StepCost.step(plain=True)``: no tree, no
         fixed part), has the most expected tokens per second among the budgets, and one more
         draft level would not raise the best rate (:meth:`_deeper_pays`). An exploring step for
-        ``N = 1`` is plain, one for another budget speculative. One host read.
+        ``N = 1`` is plain, one for another budget speculative. One host read. With plain steps
+        ``batched`` (the default), a batch of one request is never plain.
 
-        Example: bs 1, a draft whose first level is unsure (path score 0.2, calibrated 0.15) and
+        Example (plain steps ``on``): bs 1, a draft whose first level is unsure (path score 0.2, calibrated 0.15) and
         no retrieved continuation: ``N = 1`` expects 1 token in 0.10 s, ``N = 2`` 1.15 in 0.13 s,
         so a plain step, unless a draft pass is estimated to pay. A step that carries a retrieved
         chain of calibrated value 0.9 speculates, wherever the steps before it stood.
         """
-        if not self.may_plain:
+        if not self.may_plain or (self.cfg.plain_steps == "batched" and len(plan.rids) < 2):
             return None
         if plan.explore:
             return PlainPlan(plan.rids, explore=True, context=plan.context) if plan.explore_k == 0 else None
