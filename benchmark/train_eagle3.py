@@ -63,7 +63,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 class Eagle3Head(torch.nn.Module):
     """The draft head; parameter names are SpecForge / SGLang checkpoint names."""
 
-    def __init__(self, cfg: dict, draft_vocab: int):
+    def __init__(self, cfg: dict, draft_vocab: int, fc_norm: bool = False, norm_output: bool = False):
         super().__init__()
         h, inter = cfg["hidden_size"], cfg["intermediate_size"]
         self.nh, self.nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -80,9 +80,16 @@ class Eagle3Head(torch.nn.Module):
         self.post_attention_layernorm = torch.nn.Parameter(torch.ones(h))
         self.norm = torch.nn.Parameter(torch.ones(h))
         self.lm_head = lin(h, draft_vocab)
+        # EAGLE 3.1: an RMSNorm per target feature before ``fc`` (``fc_norm``), and the normed output,
+        # not the pre-norm one, fed to the next draft step (``norm_output``); SGLang's ``LlamaModel``
+        # of ``llama_eagle3.py`` reads both from the head's config
+        self.fc_norm = (torch.nn.ParameterList([torch.nn.Parameter(torch.ones(h)) for _ in range(3)])
+                        if fc_norm else None)
+        self.norm_output = norm_output
 
     def step(self, emb, hidden, keys, values, mask_fn, pos):
-        """One draft step for every position: emb/hidden [B, L, H] -> (logits, prenorm hidden).
+        """One draft step for every position: emb/hidden [B, L, H] -> (logits, the hidden state the
+        next step reads: pre-norm, or normed with ``norm_output``).
         ``keys``/``values`` hold earlier steps' K/V; this step's are appended."""
         b, l, _ = emb.shape
         x = torch.cat([rms_norm(emb, self.input_layernorm, self.eps), rms_norm(hidden, self.hidden_norm, self.eps)], -1)
@@ -98,7 +105,8 @@ class Eagle3Head(torch.nn.Module):
         resid = self.o_proj(att.transpose(1, 2).reshape(b, l, -1)) + hidden
         y = rms_norm(resid, self.post_attention_layernorm, self.eps)
         out = self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)) + resid
-        return self.lm_head(rms_norm(out, self.norm, self.eps)), out
+        normed = rms_norm(out, self.norm, self.eps)
+        return self.lm_head(normed), normed if self.norm_output else out
 
     def forward(self, emb, aux, ttt_steps: int):
         """Logits of steps 0..ttt_steps-1 at every position: list of [B, L, Vd]."""
@@ -113,6 +121,8 @@ class Eagle3Head(torch.nn.Module):
             m[:, 0] |= ~m.any(1)  # rows with nothing visible (t < k) are masked out of the loss anyway
             return m
 
+        if self.fc_norm is not None:
+            aux = torch.cat([rms_norm(c, w, self.eps) for c, w in zip(aux.chunk(3, -1), self.fc_norm)], -1)
         hidden = self.fc(aux)
         keys, values, logits = [], [], []
         for k in range(ttt_steps):
@@ -137,7 +147,7 @@ def _training_texts(tok, n_code: int, seed: int, seq_len: int) -> list[list[int]
 
 @torch.no_grad()
 def collect(model_dir: Path, cache: Path, per_category: int, n_code: int, gen_tokens: int, seed: int,
-            seq_len: int, gen_batch: int) -> dict:
+            seq_len: int, gen_batch: int, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Target features of the training data, cached on disk."""
     if cache.exists():
         return torch.load(cache)
@@ -147,7 +157,7 @@ def collect(model_dir: Path, cache: Path, per_category: int, n_code: int, gen_to
     torch.manual_seed(seed)
     torch.set_flush_denormal(True)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     seqs = _training_texts(tok, n_code, seed, seq_len)
     prompts = [p for c in prompt_sets.CATEGORIES for p in prompt_sets.load(c, "train", per_category)]
     t0 = time.time()
@@ -229,6 +239,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--collect-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="the target's dtype when it answers the prompts and gives its features")
+    ap.add_argument("--autocast", default="bf16", choices=["bf16", "off"],
+                    help="bf16 autocast in training (off: float32, faster where the CPU has no bf16 instructions)")
+    ap.add_argument("--fc-norm", action="store_true", help="EAGLE 3.1: an RMSNorm per target feature before fc")
+    ap.add_argument("--norm-output", action="store_true",
+                    help="EAGLE 3.1: the next draft step reads the normed output, not the pre-norm one")
     args = ap.parse_args()
 
     import build_smollm2
@@ -236,9 +253,11 @@ def main() -> None:
     torch.manual_seed(args.seed)
     builder = build_smollm2.build_gemma3 if args.target_kind == "gemma3" else build_smollm2.build
     target = args.target or builder(build_smollm2.default_dir("float32", args.target_kind))
-    cache = args.cache or Path(str(target) + f".eagle3-data-s{args.seed}-c{args.per_category}-f{args.code_files}-g{args.gen_tokens}-l{args.seq_len}.pt")
+    tag = "-f32" if args.collect_dtype == "float32" else ""
+    cache = args.cache or Path(str(target) + f".eagle3-data-s{args.seed}-c{args.per_category}-f{args.code_files}"
+                                             f"-g{args.gen_tokens}-l{args.seq_len}{tag}.pt")
     data = collect(target, cache, args.per_category, args.code_files, args.gen_tokens, args.seed,
-                   args.seq_len, args.gen_batch)
+                   args.seq_len, args.gen_batch, getattr(torch, args.collect_dtype))
     cfg = json.loads((Path(target) / "config.json").read_text())
     from safetensors.torch import load_file
 
@@ -252,9 +271,10 @@ def main() -> None:
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed))
     held = perm[: max(8, n // 10)]
     train = perm[max(8, n // 10):]
-    head = Eagle3Head(cfg, args.draft_vocab)
+    head = Eagle3Head(cfg, args.draft_vocab, fc_norm=args.fc_norm, norm_output=args.norm_output)
     # optimizer state for resuming lives beside the feature cache, not in the (committed) head dir
-    state_path = cache.with_suffix(".state.pt")
+    fmt = ("-fcnorm" if args.fc_norm else "") + ("-normout" if args.norm_output else "")
+    state_path = cache.with_name(f"{cache.stem}{fmt}.state.pt")
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step = 0
     if state_path.exists():
@@ -303,7 +323,7 @@ def main() -> None:
     while time.time() < t_end:
         rows = train[torch.randint(0, train.numel(), (args.batch,), generator=g)]
         emb, aux, tgt, valid = batch(rows)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
             logits = head(emb, aux, args.ttt_steps)
         loss = 0.0
         for k, lg in enumerate(logits):
@@ -345,6 +365,8 @@ def export(head: Eagle3Head, cfg: dict, vocab_ids: torch.Tensor, out: Path) -> N
         sd[f"midlayer.self_attn.{name}.weight"] = getattr(head, name).weight
     for name in ("gate_proj", "up_proj", "down_proj"):
         sd[f"midlayer.mlp.{name}.weight"] = getattr(head, name).weight
+    for i, w in enumerate(head.fc_norm or []):
+        sd[f"fc_norm.{i}.weight"] = w
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in sd.items()}
     tensors["d2t"] = (vocab_ids - torch.arange(vocab_ids.numel())).to(torch.int64)
     t2d = torch.zeros(cfg["vocab_size"], dtype=torch.bool)
@@ -361,6 +383,10 @@ def export(head: Eagle3Head, cfg: dict, vocab_ids: torch.Tensor, out: Path) -> N
         "bos_token_id": cfg.get("bos_token_id"), "eos_token_id": cfg.get("eos_token_id"), "torch_dtype": "bfloat16",
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux_layers(cfg["num_hidden_layers"])], "use_aux_hidden_state": True},
     }
+    if head.fc_norm is not None:
+        head_cfg["fc_norm"] = True
+    if head.norm_output:
+        head_cfg["norm_output"] = True
     (out / "config.json").write_text(json.dumps(head_cfg, indent=2))
 
 

@@ -76,7 +76,8 @@ class GraftConfig:
     skip_draft_tokens: float = 3.0  # retrieval alone expects this many accepted tokens: no draft passes
     tp_check: int = 0  # every K steps compare a hash of the verify tree across TP ranks (0 = off)
     sync_free: str = "auto"  # no host read in the decode step (see SYNC_FREE_MODES)
-    plain_steps: str = "batched"  # cost mode: where a step whose N = 1 pays best verifies its roots alone (PLAIN_STEP_MODES)
+    # cost mode: where a step whose N = 1 pays best verifies its roots alone (PLAIN_STEP_MODES)
+    plain_steps: str = "batched"
     graph: str = "auto"  # the tree build replayed from captured graphs (see GRAPH_MODES)
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:

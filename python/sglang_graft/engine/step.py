@@ -367,10 +367,11 @@ class GraftStepper:
         ``N = 1`` is plain, one for another budget speculative. One host read. With plain steps
         ``batched`` (the default), a batch of one request is never plain.
 
-        Example (plain steps ``on``): bs 1, a draft whose first level is unsure (path score 0.2, calibrated 0.15) and
-        no retrieved continuation: ``N = 1`` expects 1 token in 0.10 s, ``N = 2`` 1.15 in 0.13 s,
-        so a plain step, unless a draft pass is estimated to pay. A step that carries a retrieved
-        chain of calibrated value 0.9 speculates, wherever the steps before it stood.
+        Example (plain steps ``on``): bs 1, a draft whose first level is unsure (path score 0.2,
+        calibrated 0.15) and no retrieved continuation: ``N = 1`` expects 1 token in 0.10 s,
+        ``N = 2`` 1.15 in 0.13 s, so a plain step, unless a draft pass is estimated to pay. A step
+        that carries a retrieved chain of calibrated value 0.9 speculates, wherever the steps
+        before it stood.
         """
         if not self.may_plain or (self.cfg.plain_steps == "batched" and len(plan.rids) < 2):
             return None
