@@ -275,6 +275,38 @@ def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extr
         assert sum(graft["stage_histogram"][1:]) > 0 and retrieved > 0
 
 
+@pytest.mark.parametrize("mode,extra", [
+    ("tree", []),
+    ("chain", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]),
+])
+def test_plain_steps_defer_the_draft_extend_and_catch_up(tiny_models, server_logs, reference, tmp_path, mode, extra):
+    """Plain steps skip the draft extend (``--speculative-graft-draft-lag``, on by default) and the
+    draft catches up in one ragged extend before it drafts again: token-exact alone and under
+    concurrency (requests joining and leaving a run of plain steps), and every catch-up leaves the
+    draft state SGLang's extends after each plain step leave (``SGLANG_GRAFT_CHECK_CATCH_UP=1``
+    runs both and stops the server where they differ). Step costs pinned: plain, deferred and
+    catching-up steps all occur on any machine."""
+    ids, ref = reference
+    env = {**pinned_env(tmp_path / "pinned"), "SGLANG_GRAFT_CHECK_CATCH_UP": "1"}
+    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-plain-steps", "on", *extra),
+                      log_path=server_logs / f"graft-draft-lag-{mode}.log", env=env) as srv:
+        alone = _run_all(srv, ids[:6])
+        lengths = [8, 32, 16, 24, 32, 12, 32, 20, 28, 32, 9, 32]
+        with cf.ThreadPoolExecutor(6) as pool:
+            together = list(pool.map(lambda i: srv.generate_ids(ids[i], lengths[i]), range(len(lengths))))
+        graft = _server_info(srv)["graft"]
+        log = srv.tail(10 ** 8)
+    assert "Traceback" not in log and "catch-up" not in log
+    assert [o["output_ids"] for o in alone] == ref[:6]
+    assert [o["output_ids"] for o in together] == [ref[i][:n] for i, n in enumerate(lengths)]
+    economy = graft["economy"]
+    lag = economy["draft_lag"]
+    assert lag["max_lag"] == 8 and lag["deferred_steps"] > 0 and lag["catch_ups"] > 0, lag
+    assert lag["caught_up_rows"] >= lag["catch_ups"], lag  # each catch-up extended kept rows, not only its own
+    assert economy["plain_steps"] > lag["deferred_steps"], economy  # catching-up steps are plain too
+    assert economy["steps"] > economy["plain_steps"], economy  # and speculation resumed after them
+
+
 def test_graft_concurrency_abort_and_sampling(tiny_models, server_logs, reference):
     ids, ref = reference
     with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--enable-metrics"),

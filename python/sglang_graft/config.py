@@ -78,6 +78,8 @@ class GraftConfig:
     sync_free: str = "auto"  # no host read in the decode step (see SYNC_FREE_MODES)
     # cost mode: where a step whose N = 1 pays best verifies its roots alone (PLAIN_STEP_MODES)
     plain_steps: str = "batched"
+    # plain steps defer the draft extend; the draft catches up in one extend within this many (0: never defer)
+    draft_lag: int = 8
     graph: str = "auto"  # the tree build replayed from captured graphs (see GRAPH_MODES)
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:
@@ -189,6 +191,11 @@ _FLAGS: dict[str, dict[str, Any]] = {
                         "feed). batched: in batches of 2 or more requests (on the tuning prompts under load "
                         "faster than off; at batch 1 it was not); on: in every batch; off: never. Not in "
                         "sync-free mode."),
+    "draft_lag": dict(type=int, help="Plain steps skip SGLang's draft extend and keep the committed token and its "
+                      "target hidden state instead; the draft catches up on them in one extend, in a later plain "
+                      "step: the one before the step speculates again, or one whose requests are this many steps "
+                      "behind. The draft's KV and state are complete before it drafts again (0: every plain step "
+                      "extends the draft, as SGLang does)."),
     "graph": dict(choices=GRAPH_MODES, help="on: build each step's tree (prune, graft, flatten, mask) by replaying "
                   "a graph captured per budget, batch-size bucket and input shapes (CUDA graphs on CUDA, a stand-in "
                   "with CUDA-graph semantics on a CPU), and, where the draft depth is known before the draft (the "
@@ -252,6 +259,9 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
     if cfg.graph in ("on", "shadow") and cfg.placement != "root":
         raise ValueError(f"{flag_name('graph')} {cfg.graph} needs {flag_name('placement')} root (retrieval under a "
                          "draft node is proposed inside the tree build, from a host read)")
+    if cfg.draft_lag < 0:
+        raise ValueError(f"{flag_name('draft_lag')} must be >= 0 (0 = the draft extends after every plain step), "
+                         f"got {cfg.draft_lag}")
     if cfg.tp_check < 0:
         raise ValueError(f"{flag_name('tp_check')} must be >= 0 (0 = off), got {cfg.tp_check}")
     if cfg.skip_draft_tokens < 0:

@@ -89,8 +89,9 @@ class StepPlan:
 class PlainPlan:
     """A decode step decided plain (:meth:`GraftStepper.plain_plan`, after retrieval's proposals
     and the draft's first level are valued): the target verifies each request's root alone
-    (``N = 1``, a decode step), with no draft pass and no tree; the draft extends over the
-    committed token as after any verify, so the next speculative step drafts from a complete
+    (``N = 1``, a decode step), with no draft pass and no tree. The draft extend over the
+    committed token is deferred, or catches the draft up on deferred ones
+    (:mod:`sglang_graft.engine.draft_lag`), so that a speculative step drafts from a complete
     draft state."""
 
     rids: list

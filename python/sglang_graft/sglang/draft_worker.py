@@ -9,6 +9,7 @@ candidate pool read where SGLang would select from it), then the verify budget a
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from sglang_graft.sglang import seams
 from sglang_graft.engine.tree_graph import POISON_ENV
 from sglang_graft.sglang.draft_graph import CapturedDraftRunner
 from sglang_graft.sglang.draft_runner import DraftRunner, EagerDraftRunner, first_level_pool, max_prob
+from sglang_graft.engine.draft_lag import DraftLag
 from sglang_graft.engine.retrieval_state import GraftRetrieval, NotAdmittedError
 from sglang_graft.engine.step import GraftStepper, PlainPlan, StepPlan
 from sglang_graft.engine.tp_check import TreeHashCheck
@@ -32,8 +34,12 @@ from sglang_graft.tree.types import VerifyLayout
 
 logger = logging.getLogger(__name__)
 
+CHECK_CATCH_UP_ENV = "SGLANG_GRAFT_CHECK_CATCH_UP"
+
 EagleDraftWorker = seams.EAGLE_DRAFT_WORKER.resolve()
 EagleVerifyInput = seams.EAGLE_VERIFY_INPUT.resolve()
+ForwardMode = seams.FORWARD_MODE.resolve()
+seams.DRAFT_EXTEND_FOR_PREFILL.resolve()
 is_cpu = seams.IS_CPU.resolve()
 
 
@@ -46,6 +52,7 @@ class GraftContext:
     retrieval: GraftRetrieval
     stepper: GraftStepper
     tp_check: TreeHashCheck
+    lag: DraftLag  # plain steps' deferred draft extends
 
 
 @dataclass
@@ -69,6 +76,7 @@ class GraftVerifyInput(EagleVerifyInput):
 
     graft_info: Optional[GraftStepInfo] = None  # a speculative step's tree
     plain: Optional[PlainPlan] = None  # a plain step: the root alone, no tree
+    catch_up: bool = False  # a plain step because the draft is behind: its draft extend catches up
 
     @property
     def max_tree_depth(self) -> int:
@@ -129,6 +137,8 @@ class GraftDraftWorker(EagleDraftWorker):
     def __init__(self, *args, context: GraftContext, **kwargs):
         self.context = context
         self.runner: DraftRunner = EagerDraftRunner()
+        self._start_state = None  # the draft state (EagleDraftInput) the current step started from
+        self._check_catch_up = os.environ.get(CHECK_CATCH_UP_ENV) == "1"
         super().__init__(*args, **kwargs)
         graph = context.cfg.resolved_graph()
         if graph != "off":
@@ -162,15 +172,21 @@ class GraftDraftWorker(EagleDraftWorker):
             return GraftVerifyInput.create_idle_input(self.topk, self.speculative_num_steps,
                                                       self.speculative_num_draft_tokens, self.device)
         rids = [r.rid for r in batch.reqs]
+        self._start_state = batch.spec_info
         root_tokens = batch.spec_info.bonus_tokens.to(torch.int64)  # SGLang's name for the last committed tokens
         self._prepare_retrieval(rids, root_tokens)
         context = seams.batch_context_tokens(batch.reqs)  # the cost model prices attention by it
         plan = self._begin(rids, root_tokens, batch, context)  # 1. retrieval proposals under each root, valued: the plan
-        stepper = self.context.stepper
-        if stepper.may_plain:  # N = 1 pays best at the draft's first level: verify the roots alone
+        stepper, behind = self.context.stepper, self.context.lag.behind(rids)
+        if stepper.may_plain or behind:  # N = 1 pays best at the draft's first level: verify the roots alone
             plain = stepper.plain_plan(plan, first_level_pool(batch.spec_info, self.topk, self.hot_token_id))
+            catch_up = plain is None and behind  # speculation would resume while the draft is behind
+            if catch_up:
+                plain = PlainPlan(rids, context=context)
             if plain is not None:
-                return self._plain_verify_input(plain, root_tokens, batch)
+                verify_input = self._plain_verify_input(plain, root_tokens, batch)
+                verify_input.catch_up = catch_up
+                return verify_input
         drafted = self.runner.run(self, batch, plan)  # 2. draft passes while a level pays
         verify_input = self._build_verify_input(plan, drafted.pool, batch)  # 3. budget and tree
         if drafted.kv_loc_plan is not None:  # a planned chain KV window: verify and draft extend write it
@@ -187,9 +203,74 @@ class GraftDraftWorker(EagleDraftWorker):
         """SGLang's draft extend; a chain draft's first-level probability then replaces the 1.0
         SGLang reports (GRAFT's first checkpoint reads it)."""
         with self.context.stepper.timer.phase("draft_extend"):
-            if self.topk != 1:
-                return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
-            return self._chain_draft_extend(batch, batch_result, **kwargs)
+            plain = getattr(batch.spec_info, "plain", None)
+            if plain is not None and self.context.lag.enabled:
+                return self._plain_draft_extend(plain, batch.spec_info.catch_up, batch, batch_result, **kwargs)
+            return self._regular_draft_extend(batch, batch_result, **kwargs)
+
+    def _regular_draft_extend(self, batch, batch_result, **kwargs):
+        if self.topk != 1:
+            return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
+        return self._chain_draft_extend(batch, batch_result, **kwargs)
+
+    def _plain_draft_extend(self, plain: PlainPlan, catch_up: bool, batch, batch_result, **kwargs):
+        """A plain step's draft extend (``--speculative-graft-draft-lag``): deferred (the step's
+        root row kept, the draft's state carried over unchanged), or a catch-up over every kept
+        row and the step's own (see :mod:`sglang_graft.engine.draft_lag`).
+        ``SGLANG_GRAFT_CHECK_CATCH_UP=1`` (a test mode) also runs SGLang's extend after every plain
+        step and stops with an error where a catch-up's draft state differs from it."""
+        lag, rids, roots = self.context.lag, plain.rids, batch.spec_info.draft_token  # [bs] the step's roots
+        hidden = batch_result.logits_output.hidden_states  # [bs, D]: one row per request (N = 1)
+        committed = batch_result.next_token_ids.to(torch.int64)  # [bs]
+        if hidden is None or hidden.shape[0] != len(rids):
+            raise seams.EAGLE_DRAFT_WORKER.error("a plain step's verify returned no target hidden state per request")
+        nxt = batch_result.next_draft_input
+        if not (catch_up or lag.must_catch_up(rids)):
+            lag.defer(rids, batch.req_pool_indices, hidden, committed)
+            if self._check_catch_up:  # the draft KV a catch-up must reproduce
+                self._regular_draft_extend(batch, batch_result, **kwargs)
+            start = self._start_state  # stale but shaped for this batch: the overlap scheduler relays it
+            nxt.topk_p, nxt.topk_index, nxt.hidden_states = start.topk_p, start.topk_index, start.hidden_states
+            return None
+        if not lag.behind(rids):
+            return self._regular_draft_extend(batch, batch_result, **kwargs)
+        if self._check_catch_up:
+            self._regular_draft_extend(batch, batch_result, **kwargs)
+            expected = (nxt.topk_p, nxt.topk_index, nxt.hidden_states)
+        widths, rows, input_ids = lag.window(rids, batch.req_pool_indices, hidden, committed, roots)
+        state = self._draft_extend_for_prefill(self._catch_up_batch(batch, widths, input_ids), rows, committed)
+        nxt.topk_p, nxt.topk_index, nxt.hidden_states = state.topk_p, state.topk_index, state.hidden_states
+        if self._check_catch_up:
+            _check_catch_up(expected, (state.topk_p, state.topk_index, state.hidden_states), widths)
+        return None
+
+    def _catch_up_batch(self, batch, widths: list, input_ids: torch.Tensor):
+        """The catch-up as a ragged extend of the draft (a prefill chunk per request): request
+        ``i`` extends its last ``widths[i]`` positions, the newest its root's (``batch.seq_lens``
+        before this step's verify), writing the draft's KV into the slots the target wrote
+        there. ``input_ids [sum w]``: the tokens at those positions (rotated by SGLang's draft prefill)."""
+        roots_at = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()).tolist()
+        starts = [p - w + 1 for p, w in zip(roots_at, widths)]
+        table = self.req_to_token_pool.req_to_token
+        pool_rows = batch.req_pool_indices.tolist()
+        locs = torch.cat([table[row, s: p + 1] for row, s, p in zip(pool_rows, starts, roots_at)]).to(torch.int64)
+        sub = copy.copy(batch)
+        sub.forward_mode = ForwardMode.EXTEND
+        sub.input_ids = input_ids.to(batch.seq_lens.device)
+        new_lens = [p + 1 for p in roots_at]
+        sub.seq_lens = torch.tensor(new_lens, dtype=batch.seq_lens.dtype, device=batch.seq_lens.device)
+        sub.seq_lens_cpu = torch.tensor(new_lens, dtype=torch.int64)
+        sub.seq_lens_sum = sum(new_lens)
+        sub.orig_seq_lens = sub.seq_lens.to(torch.int32)
+        sub.prefix_lens, sub.extend_lens, sub.extend_num_tokens = starts, list(widths), sum(widths)
+        sub.extend_logprob_start_lens = list(widths)
+        sub.out_cache_loc = locs
+        sub.return_logprob = False
+        sub.chunked_req_next_prompt_token = None
+        sub.decoding_reqs = list(batch.reqs)
+        sub.can_run_decode_cuda_graph = False
+        sub.spec_info = None
+        return sub
 
     def _chain_draft_extend(self, batch, batch_result, **kwargs):
         outputs = []
@@ -283,6 +364,18 @@ class GraftDraftWorker(EagleDraftWorker):
         if rows:
             roots = root_tokens[from_host(rows, torch.int64, root_tokens.device)].tolist()
             retrieval.add_roots([rids[i] for i in rows], roots)
+
+
+def _check_catch_up(expected: tuple, got: tuple, widths: list) -> None:
+    """``SGLANG_GRAFT_CHECK_CATCH_UP=1``: a catch-up's draft state (``topk_p [bs, k]``,
+    ``topk_index [bs, k]``, ``hidden [bs, H]``) against SGLang's extend after every plain step."""
+    (p0, i0, h0), (p1, i1, h1) = expected, got
+    if not (torch.equal(i0.to(torch.int64), i1.to(torch.int64)) and torch.allclose(p0, p1, atol=1e-4, rtol=1e-3)
+            and torch.allclose(h0.float(), h1.float(), atol=1e-3, rtol=1e-3)):
+        raise seams.DRAFT_EXTEND_FOR_PREFILL.error(
+            f"a catch-up over {widths} rows left another draft state than SGLang's extends "
+            f"(top-1 {i0[:, 0].tolist()} against {i1[:, 0].tolist()}; "
+            f"hidden off by {float((h0.float() - h1.float()).abs().max()):.3g})")
 
 
 seams.check_overrides(GraftDraftWorker, seams.EAGLE_DRAFT_WORKER, seams.DRAFT_WORKER_OVERRIDES)

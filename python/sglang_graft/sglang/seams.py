@@ -188,6 +188,10 @@ DRAFT_CONTEXTS = tuple(Seam(f"{_SW}.eagle_worker_v2.{name}", "build budget state
                                     "speculative_moe_a2a_backend_context"))
 BUILD_RUNTIME_STATE = Seam(f"{_SW}.eagle_worker_v2.EAGLEWorkerV2.build_adaptive_runtime_state",
                            "build each verify budget's attention backends and verify graph")
+DRAFT_EXTEND_FOR_PREFILL = Seam(f"{_SW}.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill",
+                                "catch the draft up on the tokens of plain steps that deferred its extend (a ragged "
+                                "extend over several positions per request, as a prefill chunk)")
+FORWARD_MODE = Seam("sglang.srt.model_executor.forward_batch_info.ForwardMode", "run the catch-up as an extend")
 DRAFT_WORKER_OVERRIDES = ("draft", "_capture_cuda_graphs", "_draft_extend_for_decode", "_rebuild_topk1_chain_buffers")
 
 # -- attributes -------------------------------------------------------------------------------------

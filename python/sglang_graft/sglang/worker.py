@@ -7,8 +7,9 @@ step, per batch (the decisions live in :mod:`sglang_graft.engine.step`):
    request's root, valued: the step's plan; then **plain or speculative**
    (``stepper.plain_plan``, with the draft's first level, which the last draft extend left): when
    ``N = 1`` has the most expected tokens per second and no draft pass would pay, the step is a
-   decode step: the target verifies each root alone, the committed token reaches the stores,
-   SGLang's draft extend runs; no draft pass, tree or feed;
+   decode step: the target verifies each root alone, the committed token reaches the stores; no
+   draft pass, tree or feed, and the draft extend deferred (``engine.draft_lag``: the draft
+   catches up in one extend, in the plain step before speculation resumes);
 2. **draft** (``draft_runner.EagerDraftRunner``): SGLang's own EAGLE-3 loop, one level at a time
    while a level still pays (a checkpoint passes, retrieval is not already confident, the cost
    model agrees); the candidate pool is read where SGLang would select from it (a chain draft
@@ -51,6 +52,7 @@ from sglang_graft.sglang.metrics import maybe_prometheus
 from sglang_graft.sglang.draft_worker import (
     GraftContext, GraftDraftWorker, GraftVerifyInput, plain_verify_mask, verify_mask, verify_mask_mode,
 )
+from sglang_graft.engine.draft_lag import DraftLag
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.step import GraftStepper, PlainPlan, StepPlan
 from sglang_graft.engine.tp_check import TreeHashCheck
@@ -84,7 +86,9 @@ class GraftWorkerV2(EAGLEWorkerV2):
                                     self.budgets, device, all_reduce_sum=_tp_all_reduce(), sync_free=self.sync_free)
         self.tp_check = TreeHashCheck(self.graft_cfg.tp_check, _tp_all_reduce(torch.distributed.ReduceOp.MAX)
                                       if self.graft_cfg.tp_check else None)
-        context = GraftContext(self.graft_cfg, self.retrieval, self.stepper, self.tp_check)
+        # plain steps defer the draft extend (none can be plain in sync-free mode: see GraftStepper.may_plain)
+        self.lag = DraftLag(self.graft_cfg.draft_lag if self.stepper.may_plain else 0)
+        context = GraftContext(self.graft_cfg, self.retrieval, self.stepper, self.tp_check, self.lag)
         with seams.swapped(seams.DRAFT_WORKER_CLASS, functools.partial(GraftDraftWorker, context=context)):
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
         if self._draft_worker is not None and not isinstance(self._draft_worker, GraftDraftWorker):
@@ -220,6 +224,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         if not idle:
             for req in batch.reqs:
                 self.retrieval.admit(req.rid, seams.request_tokens(req), seams.request_tenant(req))
+                self.lag.forget(req.rid)  # the draft prefill makes its state current
         result = super()._forward_prefill_batch(batch, *args, **kwargs)
         if self.sync_free and not idle:
             # the sampled token is each request's first pending path (the root of its first step)
@@ -376,7 +381,8 @@ def server_counters() -> Optional[dict]:
         return None
     worker = _WORKERS[-1]
     retrieval = worker.retrieval
-    out = {**retrieval.counters.as_dict(), **retrieval.store_usage(), "economy": worker.stepper.as_dict(),
+    out = {**retrieval.counters.as_dict(), **retrieval.store_usage(),
+           "economy": {**worker.stepper.as_dict(), "draft_lag": worker.lag.as_dict()},
            "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free,
            "graph": _graph_stats(worker)}
     if worker._draft_worker is not None:
@@ -403,3 +409,4 @@ def release_request(rid) -> None:
     """Free ``rid``'s retrieval state (called when SGLang releases the request's KV)."""
     for worker in _WORKERS:
         worker.retrieval.release(rid)
+        worker.lag.forget(rid)
