@@ -280,7 +280,7 @@ def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extr
     ("chain", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]),
 ])
 def test_plain_steps_defer_the_draft_extend_and_catch_up(tiny_models, server_logs, reference, tmp_path, mode, extra):
-    """Plain steps skip the draft extend (``--speculative-graft-draft-lag``, on by default) and the
+    """Plain steps skip the draft extend (``--speculative-graft-draft-lag 8``) and the
     draft catches up in one ragged extend before it drafts again: token-exact alone and under
     concurrency (requests joining and leaving a run of plain steps), and every catch-up leaves the
     draft state SGLang's extends after each plain step leave (``SGLANG_GRAFT_CHECK_CATCH_UP=1``
@@ -288,7 +288,8 @@ def test_plain_steps_defer_the_draft_extend_and_catch_up(tiny_models, server_log
     catching-up steps all occur on any machine."""
     ids, ref = reference
     env = {**pinned_env(tmp_path / "pinned"), "SGLANG_GRAFT_CHECK_CATCH_UP": "1"}
-    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-plain-steps", "on", *extra),
+    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-plain-steps", "on",
+                                                        "--speculative-graft-draft-lag", "8", *extra),
                       log_path=server_logs / f"graft-draft-lag-{mode}.log", env=env) as srv:
         alone = _run_all(srv, ids[:6])
         lengths = [8, 32, 16, 24, 32, 12, 32, 20, 28, 32, 9, 32]
@@ -305,6 +306,9 @@ def test_plain_steps_defer_the_draft_extend_and_catch_up(tiny_models, server_log
     assert lag["caught_up_rows"] >= lag["catch_ups"], lag  # each catch-up extended kept rows, not only its own
     assert economy["plain_steps"] > lag["deferred_steps"], economy  # catching-up steps are plain too
     assert economy["steps"] > economy["plain_steps"], economy  # and speculation resumed after them
+    kinds = economy["step_time_by_kind"]  # every step timed (host clock), plain ones apart
+    assert kinds["plain"]["steps"] == economy["plain_steps"] and kinds["plain"]["mean_bs"] >= 1, kinds
+    assert kinds["speculative"]["steps"] == economy["steps"] - economy["plain_steps"], kinds
 
 
 def test_graft_concurrency_abort_and_sampling(tiny_models, server_logs, reference):

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sglang_graft.engine.draft_lag import DraftLag
 from sglang_graft import config as gc
 from sglang_graft.sglang import algorithm, hooks, sampling, seams
 from sglang_graft.tree import target_probs_from_logits, verify_tree_sampling
@@ -267,7 +268,7 @@ def test_a_plain_step_runs_no_draft_pass_or_tree():
         asked.append(pool)
         return PlainPlan(plan.rids, context=plan.context)
 
-    worker.context = SimpleNamespace(stepper=SimpleNamespace(may_plain=True, plain_plan=plain_plan))
+    worker.context = SimpleNamespace(stepper=SimpleNamespace(may_plain=True, plain_plan=plain_plan), lag=DraftLag(0))
     spec_info = SimpleNamespace(bonus_tokens=torch.tensor([7, 9], dtype=torch.int32),
                                 topk_p=torch.tensor([[0.6, 0.3], [0.5, 0.4]]), topk_index=torch.tensor([[1, 2], [3, 4]]))
     batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a", seqlen=6), SimpleNamespace(rid="b", seqlen=12)],

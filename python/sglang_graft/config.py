@@ -78,8 +78,9 @@ class GraftConfig:
     sync_free: str = "auto"  # no host read in the decode step (see SYNC_FREE_MODES)
     # cost mode: where a step whose N = 1 pays best verifies its roots alone (PLAIN_STEP_MODES)
     plain_steps: str = "batched"
-    # plain steps defer the draft extend; the draft catches up in one extend within this many (0: never defer)
-    draft_lag: int = 8
+    # plain steps defer the draft extend; the draft catches up in one extend within this many (0: never defer;
+    # the default: deferring was slower under load on the tuning split, benchmark/RESULTS.md)
+    draft_lag: int = 0
     graph: str = "auto"  # the tree build replayed from captured graphs (see GRAPH_MODES)
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:
@@ -194,8 +195,9 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "draft_lag": dict(type=int, help="Plain steps skip SGLang's draft extend and keep the committed token and its "
                       "target hidden state instead; the draft catches up on them in one extend, in a later plain "
                       "step: the one before the step speculates again, or one whose requests are this many steps "
-                      "behind. The draft's KV and state are complete before it drafts again (0: every plain step "
-                      "extends the draft, as SGLang does)."),
+                      "behind. The draft's KV and state are complete before it drafts again. 0: every plain step "
+                      "extends the draft, as SGLang does (the default: under load on the tuning prompts deferring "
+                      "was slower, the catch-up costing what the skipped extends did)."),
     "graph": dict(choices=GRAPH_MODES, help="on: build each step's tree (prune, graft, flatten, mask) by replaying "
                   "a graph captured per budget, batch-size bucket and input shapes (CUDA graphs on CUDA, a stand-in "
                   "with CUDA-graph semantics on a CPU), and, where the draft depth is known before the draft (the "

@@ -114,11 +114,27 @@ class StepStats:
     checked_steps: int = 0
     expected_tokens: float = 0.0
     committed_tokens: int = 0
+    # timed steps by kind ("plain", "speculative"): [steps, requests, {phase: seconds}]
+    by_kind: dict = field(default_factory=dict)
 
     def check(self, expected: float, committed: int) -> None:
         self.checked_steps += 1
         self.expected_tokens += expected
         self.committed_tokens += committed
+
+    def time(self, plain: bool, bs: int, phases: dict) -> None:
+        """One timed step's phase seconds, kept apart for plain and speculative steps."""
+        entry = self.by_kind.setdefault("plain" if plain else "speculative", [0, 0, {}])
+        entry[0] += 1
+        entry[1] += bs
+        for k, v in phases.items():
+            entry[2][k] = entry[2].get(k, 0.0) + v
+
+    def _kinds(self) -> dict:
+        """Per kind: steps, mean batch size, milliseconds per step by phase and in all."""
+        return {kind: {"steps": n, "mean_bs": round(rows / n, 2), "ms_per_step": round(1e3 * sum(ph.values()) / n, 3),
+                       "phase_ms_per_step": {k: round(1e3 * v / n, 3) for k, v in ph.items()}}
+                for kind, (n, rows, ph) in sorted(self.by_kind.items())}
 
     def as_dict(self) -> dict:
         n = self.checked_steps
@@ -127,7 +143,8 @@ class StepStats:
                 "skipped_drafts": self.skipped_drafts, "plain_steps": self.plain_steps,
                 "budget_histogram": {str(k): v for k, v in sorted(self.budget_histogram.items())},
                 "expected_vs_committed": {"steps": n, "expected_per_step": self.expected_tokens / n if n else 0.0,
-                                          "committed_per_step": self.committed_tokens / n if n else 0.0}}
+                                          "committed_per_step": self.committed_tokens / n if n else 0.0},
+                "step_time_by_kind": self._kinds()}
 
 
 class GraftStepper:
@@ -487,6 +504,7 @@ class GraftStepper:
             captured = self._captured.popleft()
             if step is not None and not captured:
                 b, n, passes, was_plain, context = step
+                self.stats.time(was_plain, b, phases)
                 self.cost.observe(bs=b, num_nodes=n, verify_s=phases["verify"] + phases["draft_extend"],
                                   passes=passes, draft_s=phases["draft"], context=context,
                                   fixed_s=None if was_plain else phases["retrieval"] + phases["tree"] + phases["other"])
