@@ -116,6 +116,7 @@ def state(stepper) -> dict:
     """The stepper's learned state and counters (its ``/server_info`` record less wall times)."""
     out = dict(stepper.as_dict())
     out.pop("step_time", None)
+    out.pop("step_time_by_kind", None)  # wall times too
     return out
 
 
