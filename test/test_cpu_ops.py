@@ -243,11 +243,13 @@ def _one_thread():
 
 @settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 64), depth=st.integers(1, 70), width=st.integers(1, 100),
-       bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_rows_linear_is_the_product_and_batch_invariant(rows, depth, width, bias, seed):
+       bias=st.booleans(), seed=st.integers(0, 2**31 - 1), chunk_bytes=st.sampled_from([None, 1, 2048]))
+def test_rows_linear_is_the_product_and_batch_invariant(rows, depth, width, bias, seed, chunk_bytes):
     """``rows_linear`` is ``x @ W^T + b`` (to float32 rounding), and each row's result depends on
     that row alone: it equals, bit for bit, the same row computed alone and beside another one
-    (blocks of 8 rows, a last smaller block, one row: the same chain of fused multiply-adds)."""
+    (blocks of rows, a last smaller block, one row, the tiles in chunks of any size: the same chain
+    of fused multiply-adds)."""
+    from sglang_cpu_port import gemm_ir
     from sglang_cpu_port.linear import rows_linear
 
     g = torch.Generator().manual_seed(seed)
@@ -255,16 +257,46 @@ def test_rows_linear_is_the_product_and_batch_invariant(rows, depth, width, bias
     b = torch.randn(width, generator=g) if bias else None
     x = torch.randn(rows, depth, generator=g)
     other = torch.randn(1, depth, generator=g)
-    with _one_thread():
-        out = rows_linear(x, w, b)
-        alone = [rows_linear(x[i : i + 1], w, b) for i in range(rows)]
-        pairs = [rows_linear(torch.cat([other, x[i : i + 1]]), w, b) for i in range(rows)]
+    before = gemm_ir.CHUNK_BYTES
+    gemm_ir.CHUNK_BYTES = chunk_bytes or before
+    try:
+        with _one_thread():
+            out = rows_linear(x, w, b)
+            alone = [rows_linear(x[i : i + 1], w, b) for i in range(rows)]
+            pairs = [rows_linear(torch.cat([other, x[i : i + 1]]), w, b) for i in range(rows)]
+    finally:
+        gemm_ir.CHUNK_BYTES = before
     reference = (x.double() @ w.double().T + (b.double() if bias else 0)).float()
     torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
     assert out.is_contiguous() and out.shape == (rows, width)
     for i in range(rows):
         assert torch.equal(out[i], alone[i][0]), f"row {i} of {rows} differs from the same row alone"
         assert torch.equal(out[i], pairs[i][1]), f"row {i} of {rows} differs from the same row in a pair"
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5, 9, 17])
+def test_avx512_and_avx2_kernel_shapes_give_the_same_bits(rows):
+    """The two register-block shapes (32-column tiles in 8-row blocks, 24-column tiles in 4-row
+    blocks) compute each output as the same chain of fused multiply-adds, so a host's choice of shape
+    does not change a single bit (both compile on any host with FMA: LLVM splits wider vectors)."""
+    from sglang_cpu_port import gemm_ir
+
+    if gemm_ir.kernels() is None:
+        pytest.skip(f"the kernels do not compile here: {gemm_ir.failure()}")
+    g = torch.Generator().manual_seed(rows)
+    w, x = torch.randn(100, 37, generator=g), torch.randn(rows, 37, generator=g)
+    outs = []
+    for wide in (True, False):
+        kern = gemm_ir._Kernels(wide=wide)
+        tiles = -(-100 // kern.tile)
+        padded = torch.zeros(tiles * kern.tile, 37)
+        padded[:100] = w
+        packed = padded.view(tiles, kern.tile, 37).transpose(1, 2).contiguous()
+        out = torch.empty(rows, tiles * kern.tile)
+        gemm_ir.product(kern, x.data_ptr(), 37, rows, packed.data_ptr(), tiles, 37, out.data_ptr(), tiles * kern.tile)
+        outs.append(out[:, :100])
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], x @ w.T, rtol=1e-5, atol=1e-5)
 
 
 def test_kernels_that_cannot_compile_are_reported_and_leave_sglangs_product(monkeypatch, caplog):

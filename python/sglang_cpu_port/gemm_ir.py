@@ -1,12 +1,14 @@
 """Register-blocked float32 ``x @ W^T`` kernels for a few rows, written in LLVM IR and compiled for
 the host CPU with llvmlite (numba's code generator, already installed with SGLang).
 
-The weight is read from a **packed** copy, ``[tiles, K, TILE]`` (``TILE`` = 32 output columns,
-zero-padded to a whole tile), so one tile's weights stream contiguously. For each tile a kernel keeps
+The weight is read from a **packed** copy, ``[tiles, K, tile]`` (``tile`` = 32 output columns with
+AVX-512, zero-padded to a whole tile), so one tile's weights stream contiguously. For each tile a kernel keeps
 ``rows x TILE`` accumulators in vector registers and, for every ``k``, loads the tile's ``TILE``
 weights once and broadcasts each row's ``x[r, k]`` against them (the outer-product form of a GEMM
 micro-kernel). Per weight load it does ``rows`` fused multiply-adds, so up to :data:`MAX_BLOCK` rows
-cost about what one row costs while the weights stream from memory.
+cost about what one row costs while the weights stream from memory. Without AVX-512 (16 registers of
+8 lanes) tiles are :data:`AVX2_TILE` columns and blocks up to :data:`AVX2_BLOCK` rows. More rows go
+in blocks, the tiles in L2-sized chunks so each weight comes from memory once (:func:`product`).
 
 Every output is the same chain, whatever the row count or the row's place in a block::
 
@@ -30,75 +32,90 @@ from typing import Dict, Optional
 
 logger = logging.getLogger(__name__)
 
-TILE = 32  # output columns per packed tile: two 16-lane vectors
-LANES = 16
-MAX_BLOCK = 8  # rows one kernel call keeps in registers (8 x 2 accumulators + 2 weight vectors + 1)
+TILE = 32  # AVX-512: output columns per packed tile, two 16-lane vectors
+MAX_BLOCK = 8  # AVX-512: rows one call keeps in registers (8 x 2 accumulators + 2 weight vectors + 1)
+AVX2_TILE = 24  # AVX2 only: three 8-lane vectors
+AVX2_BLOCK = 4  # AVX2 only: 4 x 3 accumulators + 3 weight vectors + 1 broadcast = 16 registers
+CHUNK_BYTES = 1 << 19  # packed weights every row block reads in turn while they stay in L2
 
-_VT = "<16 x float>"
 _PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 
 
-def kernel_ir(rows: int, name: str) -> str:
-    """LLVM IR of ``void name(x, ldx, w_packed, tiles, K, out, ldo)`` for ``rows`` rows.
+def kernel_ir(rows: int, name: str, lanes: int = 16, vecs: int = 2, tile: int = TILE) -> str:
+    """LLVM IR of ``void name(x, ldx, w_packed, tiles, K, out, ldo)`` for ``rows`` rows, each tile of
+    ``tile = lanes * vecs`` columns in ``vecs`` vectors of ``lanes`` floats.
 
-    x: ``rows`` rows of ``K`` floats, ``ldx`` apart; w_packed: ``[tiles, K, TILE]``;
-    out: ``rows`` rows of ``tiles * TILE`` floats, ``ldo`` apart. ``tiles >= 1`` and ``K >= 1``.
+    x: ``rows`` rows of ``K`` floats, ``ldx`` apart; w_packed: ``[tiles, K, tile]``;
+    out: ``rows`` rows of ``tiles * tile`` floats, ``ldo`` apart. ``tiles >= 1`` and ``K >= 1``.
     """
-    vecs = TILE // LANES
+    assert lanes * vecs == tile
+    vt = f"<{lanes} x float>"
+    fma = f"@llvm.fma.v{lanes}f32"
     ir = [f"define void @{name}(float* noalias nocapture readonly %x, i64 %ldx, float* noalias nocapture "
           f"readonly %w, i64 %tiles, i64 %K, float* noalias nocapture %out, i64 %ldo) #0 {{",
           "entry:", "  br label %tile",
           "tile:", "  %t = phi i64 [0, %entry], [%tn, %tend]",
-          "  %tk = mul i64 %t, %K", f"  %wb0 = mul i64 %tk, {TILE}",
+          "  %tk = mul i64 %t, %K", f"  %wb0 = mul i64 %tk, {tile}",
           "  %wb = getelementptr inbounds float, float* %w, i64 %wb0", "  br label %kloop",
           "kloop:", "  %k = phi i64 [0, %tile], [%kn, %kloop]"]
     for r in range(rows):
         for v in range(vecs):
-            ir.append(f"  %a{r}_{v} = phi {_VT} [zeroinitializer, %tile], [%n{r}_{v}, %kloop]")
-    ir.append(f"  %wo = mul i64 %k, {TILE}")
+            ir.append(f"  %a{r}_{v} = phi {vt} [zeroinitializer, %tile], [%n{r}_{v}, %kloop]")
+    ir.append(f"  %wo = mul i64 %k, {tile}")
     for v in range(vecs):
-        ir += [f"  %wo{v} = add i64 %wo, {LANES * v}",
+        ir += [f"  %wo{v} = add i64 %wo, {lanes * v}",
                f"  %wp{v} = getelementptr inbounds float, float* %wb, i64 %wo{v}",
-               f"  %wv{v} = bitcast float* %wp{v} to {_VT}*",
-               f"  %w{v} = load {_VT}, {_VT}* %wv{v}, align 4"]
+               f"  %wv{v} = bitcast float* %wp{v} to {vt}*",
+               f"  %w{v} = load {vt}, {vt}* %wv{v}, align 4"]
     for r in range(rows):
         ir += [f"  %xo{r}a = mul i64 %ldx, {r}", f"  %xo{r} = add i64 %xo{r}a, %k",
                f"  %xp{r} = getelementptr inbounds float, float* %x, i64 %xo{r}",
                f"  %xs{r} = load float, float* %xp{r}, align 4",
-               f"  %xi{r} = insertelement {_VT} undef, float %xs{r}, i32 0",
-               f"  %xb{r} = shufflevector {_VT} %xi{r}, {_VT} undef, <16 x i32> zeroinitializer"]
+               f"  %xi{r} = insertelement {vt} undef, float %xs{r}, i32 0",
+               f"  %xb{r} = shufflevector {vt} %xi{r}, {vt} undef, <{lanes} x i32> zeroinitializer"]
         for v in range(vecs):
-            ir.append(f"  %n{r}_{v} = call {_VT} @llvm.fma.v16f32({_VT} %xb{r}, {_VT} %w{v}, {_VT} %a{r}_{v})")
+            ir.append(f"  %n{r}_{v} = call {vt} {fma}({vt} %xb{r}, {vt} %w{v}, {vt} %a{r}_{v})")
     ir += ["  %kn = add i64 %k, 1", "  %kd = icmp eq i64 %kn, %K", "  br i1 %kd, label %tend, label %kloop",
-           "tend:", f"  %ob = mul i64 %t, {TILE}"]
+           "tend:", f"  %ob = mul i64 %t, {tile}"]
     for r in range(rows):
         ir += [f"  %oo{r}a = mul i64 %ldo, {r}", f"  %oo{r} = add i64 %oo{r}a, %ob"]
         for v in range(vecs):
-            ir += [f"  %oo{r}_{v} = add i64 %oo{r}, {LANES * v}",
+            ir += [f"  %oo{r}_{v} = add i64 %oo{r}, {lanes * v}",
                    f"  %op{r}_{v} = getelementptr inbounds float, float* %out, i64 %oo{r}_{v}",
-                   f"  %opv{r}_{v} = bitcast float* %op{r}_{v} to {_VT}*",
-                   f"  store {_VT} %n{r}_{v}, {_VT}* %opv{r}_{v}, align 4"]
+                   f"  %opv{r}_{v} = bitcast float* %op{r}_{v} to {vt}*",
+                   f"  store {vt} %n{r}_{v}, {vt}* %opv{r}_{v}, align 4"]
     ir += ["  %tn = add i64 %t, 1", "  %td = icmp eq i64 %tn, %tiles", "  br i1 %td, label %done, label %tile",
            "done:", "  ret void", "}"]
     return "\n".join(ir)
 
 
 class _Kernels:
-    """The compiled kernels for 1 .. ``max_block`` rows (kept alive with their engine)."""
+    """The compiled kernels for 1 .. ``max_block`` rows and the packed ``tile`` width they read (kept
+    alive with their engine): with AVX-512, tiles of 32 columns in two 16-lane vectors and blocks of
+    up to 8 rows; with AVX2 only (16 vector registers of 8 lanes), tiles of 24 columns and blocks of up
+    to 4 rows (``OMP_NUM_THREADS=1 python benchmark/linear_rows.py`` on a Zen 4 without AVX-512: 4 rows
+    of the 49152 x 576 lm_head 4.9 against 7.7 ms with the 32-column tiles, which left 2 rows a block).
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, wide: Optional[bool] = None) -> None:
+        """``wide``: the AVX-512 shapes (True) or the AVX2 ones (False) whatever the host has (LLVM
+        splits a 16-lane vector into two where the host has 8); ``None``: what the host has."""
         import llvmlite.binding as llvm
 
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         features = llvm.get_host_cpu_features()
-        # 16 vector registers without AVX-512: two rows (4 accumulators of 8 lanes x 2) stay in them.
-        self.max_block = MAX_BLOCK if features.get("avx512f", False) else 2
+        if features.get("avx512f", False) if wide is None else wide:
+            self.max_block, self.tile, lanes = MAX_BLOCK, TILE, 16
+        else:
+            self.max_block, self.tile, lanes = AVX2_BLOCK, AVX2_TILE, 8
         module = "\n\n".join(
-            ["declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)",
-             'attributes #0 = { nounwind "prefer-vector-width"="512" }']
-            + [kernel_ir(rows, f"rows{rows}") for rows in range(1, self.max_block + 1)])
+            [f"declare <{lanes} x float> @llvm.fma.v{lanes}f32(<{lanes} x float>, <{lanes} x float>, "
+             f"<{lanes} x float>)",
+             f'attributes #0 = {{ nounwind "prefer-vector-width"="{32 * lanes}" }}']
+            + [kernel_ir(rows, f"rows{rows}", lanes=lanes, vecs=self.tile // lanes, tile=self.tile)
+               for rows in range(1, self.max_block + 1)])
         machine = llvm.Target.from_default_triple().create_target_machine(
             cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=3)
         parsed = llvm.parse_assembly(module)
@@ -149,10 +166,24 @@ def failure() -> Optional[str]:
 
 def product(kern: _Kernels, x_ptr: int, ldx: int, rows: int, packed_ptr: int, tiles: int, depth: int,
             out_ptr: int, ldo: int) -> None:
-    """``out[r, :tiles * TILE] = x[r] @ W^T`` for ``rows`` rows, in blocks of ``kern.max_block`` rows
-    (the last block smaller); pointers to float32 memory laid out as :func:`kernel_ir` says."""
-    done = 0
-    while done < rows:
-        block = min(kern.max_block, rows - done)
-        kern.by_rows[block](x_ptr + 4 * done * ldx, ldx, packed_ptr, tiles, depth, out_ptr + 4 * done * ldo, ldo)
-        done += block
+    """``out[r, :tiles * kern.tile] = x[r] @ W^T`` for ``rows`` rows; pointers to float32 memory laid out
+    as :func:`kernel_ir` says.
+
+    Rows go in blocks of up to ``kern.max_block``. With more than one block the tiles go in chunks of
+    about :data:`CHUNK_BYTES`, every block over one chunk before the next, so the weights stream from
+    memory once and the later blocks read them from L2. Worked example (AVX2, 6 rows, ``K`` = 576, one
+    tile 54 KiB, so 9 tiles a chunk): for each chunk, rows 0-3 then rows 4-5 over the chunk's tiles.
+    """
+    tile = kern.tile
+    chunk = tiles if rows <= kern.max_block else max(1, CHUNK_BYTES // (4 * depth * tile))
+    start = 0
+    while start < tiles:
+        count = min(chunk, tiles - start)
+        w_ptr = packed_ptr + 4 * start * depth * tile
+        done = 0
+        while done < rows:
+            block = min(kern.max_block, rows - done)
+            kern.by_rows[block](x_ptr + 4 * done * ldx, ldx, w_ptr, count, depth,
+                                out_ptr + 4 * (done * ldo + start * tile), ldo)
+            done += block
+        start += count

@@ -8,8 +8,9 @@ product, and so is a decode step of a batch.
 
 :func:`rows_linear` computes ``x @ W^T (+ bias)`` for up to :data:`MAX_ROWS` rows with the
 register-blocked kernels of :mod:`sglang_cpu_port.gemm_ir`: a packed copy of each weight
-(``[tiles, K, 32]``, made once per weight) streams once per block of up to 8 rows, and each weight
-load feeds every row of the block, so 8 rows cost about what one row costs. Every output element
+(``[tiles, K, tile]``, made once per weight) streams once from memory, and each weight load feeds every
+row of a register block (8 rows with AVX-512, 4 with AVX2 only), so a block costs about what one row
+costs. Every output element
 is the same chain of fused multiply-adds over ``k`` whatever the row count, so the product is
 **batch-invariant** (row ``i`` of any call equals, bit for bit, that row computed alone): a
 request's verify rows do not change with the batch around them. The kernels differ from MKL in the
@@ -55,16 +56,18 @@ def _after_weight_update(result, *args, **kwargs):
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` ``[N, K]`` as ``[ceil(N / 32), K, 32]`` (zero rows padding the last tile), made once
-    per weight and kept on it while its storage, version and the update generation are unchanged."""
+    """``weight`` ``[N, K]`` as ``[ceil(N / tile), K, tile]`` (the kernels' tile width, zero rows padding
+    the last tile), made once per weight and kept on it while its storage, version and the update
+    generation are unchanged."""
     key = (weight.data_ptr(), weight._version, _GENERATION[0])
     hit = getattr(weight, "_sglang_cpu_port_packed", None)
     if hit is None or hit[0] != key:
         n, k = weight.shape
-        tiles = -(-n // gemm_ir.TILE)
-        padded = torch.zeros(tiles * gemm_ir.TILE, k, dtype=torch.float32)
+        tile = gemm_ir.kernels().tile
+        tiles = -(-n // tile)
+        padded = torch.zeros(tiles * tile, k, dtype=torch.float32)
         padded[:n] = weight.detach()
-        hit = (key, padded.view(tiles, gemm_ir.TILE, k).transpose(1, 2).contiguous())
+        hit = (key, padded.view(tiles, tile, k).transpose(1, 2).contiguous())
         weight._sglang_cpu_port_packed = hit
     return hit[1]
 
@@ -99,8 +102,8 @@ def _product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     flat = x.reshape(-1, depth).contiguous()
     rows = flat.shape[0]
     packed = packed_weight(weight)
-    tiles = packed.shape[0]
-    width = tiles * gemm_ir.TILE
+    tiles, tile = packed.shape[0], packed.shape[2]
+    width = tiles * tile
     result = torch.empty(rows, width, dtype=torch.float32)
     gemm_ir.product(gemm_ir.kernels(), flat.data_ptr(), depth, rows, packed.data_ptr(), tiles, depth,
                     result.data_ptr(), width)
