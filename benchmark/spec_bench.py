@@ -444,14 +444,15 @@ def render_category_economy(by_category: dict) -> str:
 
 
 def _portable(value) -> str:
-    """Config values for the report; paths relative to the checkout or to ``~`` so results can be shared."""
+    """Config values for the report; paths relative to the checkout or to ``~``, else the file's name
+    alone, so results name no machine's paths."""
     if not isinstance(value, Path):
         return str(value)
     path = value.resolve()
     for base, label in ((HERE.parent, ""), (Path.home(), "~/")):
         if path.is_relative_to(base):
             return label + str(path.relative_to(base))
-    return str(value)
+    return path.name
 
 
 def render_markdown(results: list[dict]) -> str:
