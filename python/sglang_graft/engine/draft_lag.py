@@ -10,7 +10,8 @@ draft's state at the newest position, so the draft is complete before it drafts 
 
 Which plain step catches up (:meth:`DraftLag.must_catch_up`): one of a request already ``K``
 behind, and one the cost model had wanted speculative (the step is made plain because the draft
-is behind, :meth:`GraftStepper.plain_plan`); every other plain step defers.
+is behind: the draft worker's plain decision, ``GraftVerifyInput.catch_up``); every other plain
+step defers.
 
 Worked example (``K = 8``): requests a, b run plain steps 1-3, deferring; lag 3 each. Request c
 joins after its prefill (its draft is current, lag 0). Step 4 is plain again and defers: lags
@@ -96,7 +97,7 @@ class DraftLag:
                 rows_t.append(roots[i: i + 1].to(torch.int64))
             else:
                 rows_t.append(roots[i: i + 1].to(torch.int64))
-            rows_h.append(hidden[i: i + 1].to(self.hidden.dtype if self.hidden is not None else hidden.dtype))
+            rows_h.append(hidden[i: i + 1])
         for r in rids:
             self.lags.pop(r, None)
         self.catch_ups += 1
