@@ -87,7 +87,10 @@ def test_decode_attention_matches_reference(H, Hkv, window, cap, use_sink, layou
 
 @pytest.mark.parametrize("layout", ["scattered", "runs"])
 @pytest.mark.parametrize("tree", [False, True])
-def test_extend_attention_matches_reference(tree, layout):
+@pytest.mark.parametrize("window", [0, 4])
+def test_extend_attention_matches_reference(tree, layout, window):
+    """Both paths: without a window (the grouped products after a cached prefix) and with one (the
+    masked path, as Gemma's sliding-window layers take)."""
     H, Hkv, D, bs, E = 4, 2, 8, 2, 5
     prefix = [7, 3]
     seq_lens = [p + E for p in prefix]
@@ -106,12 +109,17 @@ def test_extend_attention_matches_reference(tree, layout):
     k_ext = torch.stack([k_buf[r2t[rpi[b], prefix[b] + i].long()] for b in range(bs) for i in range(E)])
     v_ext = torch.stack([v_buf[r2t[rpi[b], prefix[b] + i].long()] for b in range(bs) for i in range(E)])
     extend_attention_cpu(q, k_ext, v_ext, out, k_buf, v_buf, 1.0, 1.0, r2t, rpi, torch.tensor(seq_lens),
-                         torch.tensor([E] * bs), torch.arange(0, bs * E, E), E, 0.25, 0.0, False, 0, None, None,
-                         mask.reshape(-1) if tree else None, True)
+                         torch.tensor([E] * bs), torch.arange(0, bs * E, E), E, 0.25, 0.0, False, window, None,
+                         None, mask.reshape(-1) if tree else None, True)
     for b in range(bs):
         slots = r2t[rpi[b], : seq_lens[b]].long()
+        depth = mask[b].sum(dim=1) - 1 if tree else torch.arange(E)
         for i in range(E):
             allowed = [True] * prefix[b] + [bool(mask[b, i, j]) if tree else j <= i for j in range(E)]
+            if window > 0:  # key positions: the prefix's, then each extend token at prefix + its depth
+                q_pos = prefix[b] + int(depth[i])
+                k_pos = list(range(prefix[b])) + [prefix[b] + int(depth[j]) for j in range(E)]
+                allowed = [a and q_pos - p < window for a, p in zip(allowed, k_pos)]
             for h in range(H):
                 kv = h // (H // Hkv)
                 ref = _ref_attention(q[b * E + i, h], k_buf[slots, kv], v_buf[slots, kv], allowed, 0.25, 0.0, None)
