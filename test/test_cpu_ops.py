@@ -288,6 +288,7 @@ def test_avx512_and_avx2_kernel_shapes_give_the_same_bits(rows):
     blocks) compute each output as the same chain of fused multiply-adds, so a host's choice of shape
     does not change a single bit (both compile on any host with FMA: LLVM splits wider vectors)."""
     from sglang_cpu_port import gemm_ir
+    from sglang_cpu_port.linear import pack
 
     if gemm_ir.kernels() is None:
         pytest.skip(f"the kernels do not compile here: {gemm_ir.failure()}")
@@ -296,10 +297,8 @@ def test_avx512_and_avx2_kernel_shapes_give_the_same_bits(rows):
     outs = []
     for wide in (True, False):
         kern = gemm_ir._Kernels(wide=wide)
-        tiles = -(-100 // kern.tile)
-        padded = torch.zeros(tiles * kern.tile, 37)
-        padded[:100] = w
-        packed = padded.view(tiles, kern.tile, 37).transpose(1, 2).contiguous()
+        packed = pack(w, kern.tile)
+        tiles = packed.shape[0]
         out = torch.empty(rows, tiles * kern.tile)
         gemm_ir.product(kern, x.data_ptr(), 37, rows, packed.data_ptr(), tiles, 37, out.data_ptr(), tiles * kern.tile)
         outs.append(out[:, :100])

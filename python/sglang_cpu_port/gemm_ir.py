@@ -3,7 +3,7 @@ the host CPU with llvmlite (numba's code generator, already installed with SGLan
 
 The weight is read from a **packed** copy, ``[tiles, K, tile]`` (``tile`` = 32 output columns with
 AVX-512, zero-padded to a whole tile), so one tile's weights stream contiguously. For each tile a kernel keeps
-``rows x TILE`` accumulators in vector registers and, for every ``k``, loads the tile's ``TILE``
+``rows x tile`` accumulators in vector registers and, for every ``k``, loads the tile's ``tile``
 weights once and broadcasts each row's ``x[r, k]`` against them (the outer-product form of a GEMM
 micro-kernel). Per weight load it does ``rows`` fused multiply-adds, so up to :data:`MAX_BLOCK` rows
 cost about what one row costs while the weights stream from memory. Without AVX-512 (16 registers of

@@ -62,14 +62,19 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     key = (weight.data_ptr(), weight._version, _GENERATION[0])
     hit = getattr(weight, "_sglang_cpu_port_packed", None)
     if hit is None or hit[0] != key:
-        n, k = weight.shape
-        tile = gemm_ir.kernels().tile
-        tiles = -(-n // tile)
-        padded = torch.zeros(tiles * tile, k, dtype=torch.float32)
-        padded[:n] = weight.detach()
-        hit = (key, padded.view(tiles, tile, k).transpose(1, 2).contiguous())
+        hit = (key, pack(weight, gemm_ir.kernels().tile))
         weight._sglang_cpu_port_packed = hit
     return hit[1]
+
+
+def pack(weight: torch.Tensor, tile: int) -> torch.Tensor:
+    """``weight`` ``[N, K]`` as a new ``[ceil(N / tile), K, tile]`` float32 tensor, zero rows padding
+    the last tile (the layout :func:`sglang_cpu_port.gemm_ir.kernel_ir` reads)."""
+    n, k = weight.shape
+    tiles = -(-n // tile)
+    padded = torch.zeros(tiles * tile, k, dtype=torch.float32)
+    padded[:n] = weight.detach()
+    return padded.view(tiles, tile, k).transpose(1, 2).contiguous()
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

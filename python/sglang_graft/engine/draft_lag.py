@@ -94,9 +94,7 @@ class DraftLag:
                 rows_h.append(self.hidden[slot, : w - 1])
                 # the kept rows' own tokens: the first is dropped by the rotation (any value)
                 rows_t.append(torch.cat([self.tokens[slot, :1], self.tokens[slot, : w - 2]]))
-                rows_t.append(roots[i: i + 1].to(torch.int64))
-            else:
-                rows_t.append(roots[i: i + 1].to(torch.int64))
+            rows_t.append(roots[i: i + 1].to(torch.int64))
             rows_h.append(hidden[i: i + 1])
         for r in rids:
             self.lags.pop(r, None)
