@@ -1,12 +1,14 @@
 """GRAFT's Triton kernels against their torch references, on a GPU or under the Triton interpreter.
 
-    python benchmark/gpu_check.py --out DIR                 # CUDA: >= 2,000 cases per kernel,
-                                                            # sync-debug, graph replay, timings
+    python benchmark/gpu_check.py --out DIR [--phase checks|timings] [--parts NAME ...]
+        # CUDA: up to ~2,000 cases per kernel (each stops after --case-seconds), sync-debug,
+        # graph replay; timings
     TRITON_INTERPRET=1 python benchmark/gpu_check.py --interpret --out DIR   # CPU, small cases
 
-Writes ``DIR/gpu_check.json``: ``{"kernels": {NAME: {"cases", "mismatches", "first_mismatch"}},
-"sync_debug": ..., "graph_replay": ..., "timings": [...]}`` (the last three on CUDA only) and
-exits 1 on any mismatch or failed check. Needs torch and triton, not SGLang. On CUDA the checked
+Writes ``DIR/gpu_check.json`` after each check: ``{"kernels": {NAME: {"cases", "mismatches",
+"first_mismatch", "truncated", "seconds"}}, "sync_debug": ..., "graph_replay": ..., "errors": ...}``
+(sync_debug and graph_replay on CUDA only), and on CUDA ``DIR/gpu_timings.json``; exits 1 on any
+mismatch or failed check. A case that raises is a mismatch, not the end of the run. Needs torch and triton, not SGLang. On CUDA the checked
 step is the sync-free step's tree part: retrieved trees re-rooted along a committed path on the
 device (``tree.reroot_proposals``, also compared with its CPU run, ``kernels.reroot``), then
 prune -> graft -> flatten and the mask.
@@ -21,6 +23,8 @@ several scopes and padding rows.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import json
 import os
 import sys
@@ -56,6 +60,7 @@ from tree_bench import capture, make_pool, make_proposals, timed, to_device  # n
 LAYOUT_FIELDS = ("positions", "depth", "ancestor_mask", "flat_index", "first_child",
                  "next_sibling", "max_depth")
 CANARY = 7
+CUDA = "cuda"  # the device of the CUDA checks (a dry run of this script's CUDA code points it at the CPU)
 
 
 # ----------------------------------------------------------------------------------------- cases
@@ -89,7 +94,7 @@ def random_trees(bs: int, n: int, kind: str, gen: torch.Generator) -> tuple[torc
 
 def pipeline_trees(bs: int, n: int, gen: torch.Generator, device: str):
     """Trees of the GRAFT pipeline (draft + retrieval, duplicates, padding) and their seq_lens."""
-    vocab = int(torch.randint(3, 60, (1,), generator=gen))  # a small vocabulary forces duplicate tokens
+    vocab = int(torch.randint(5, 60, (1,), generator=gen))  # small (duplicate tokens), > the pool topk 4
     pool = to_device(make_pool(bs, 4, 4, vocab, gen), device)
     proposals = to_device(make_proposals(bs, max(n - 1, 1), vocab, gen), device)
     roots = torch.randint(0, vocab, (bs,), generator=gen).to(device)
@@ -115,10 +120,16 @@ def tree_cases(sizes, batches, per_shape: int, device: str, gen: torch.Generator
 
 # ------------------------------------------------------------------------------------ checks
 class Tally:
-    def __init__(self) -> None:
+    """Cases and mismatches of one check. A case that raises counts as a mismatch (its exception is
+    the detail); ``cases()`` stops handing out cases once ``seconds`` have passed (``truncated``)."""
+
+    def __init__(self, seconds: float | None = None) -> None:
         self.cases = 0
         self.mismatches = 0
         self.first = None
+        self.seconds = seconds
+        self.truncated = False
+        self.elapsed = None
 
     def check(self, name: str, ok: bool, detail: str = "") -> None:
         self.cases += 1
@@ -126,53 +137,79 @@ class Tally:
             self.mismatches += 1
             self.first = self.first or f"{name}: {detail}"
 
+    def cases_of(self, cases):
+        """``cases`` until the time limit; each case's body runs under ``guard``."""
+        t0 = time.time()
+        for case in cases:
+            if self.seconds is not None and time.time() - t0 > self.seconds:
+                self.truncated = True
+                return
+            yield case
+
+    @contextlib.contextmanager
+    def guard(self, name: str):
+        try:
+            yield
+        except Exception as e:  # a kernel that raises (or a CUDA error) is a failed case, not the end
+            self.check(name, False, f"raised {e!r}"[:400])
+
     def json(self) -> dict:
-        return {"cases": self.cases, "mismatches": self.mismatches, "first_mismatch": self.first}
+        return {"cases": self.cases, "mismatches": self.mismatches, "first_mismatch": self.first,
+                "truncated": self.truncated, "seconds": self.elapsed}
 
 
 def check_tree_kernels(cases, tallies: dict) -> None:
-    for name, parents, linked, seq_lens in cases:
-        ref = flatten_torch(None, parents, seq_lens, linked)
-        got = K.tree_layout(parents, linked, seq_lens)
-        bad = [f for f in LAYOUT_FIELDS if not torch.equal(got[f].cpu(), getattr(ref, f).cpu())]
-        if not torch.equal(got["ancestor_bits"].cpu(), ancestor_bits(ref.ancestor_mask).cpu()):
-            bad.append("ancestor_bits")
-        tallies["tree_layout"].check(name, not bad, f"fields {bad}")
+    for name, parents, linked, seq_lens in tallies["tree_layout"].cases_of(cases):
+        with tallies["tree_layout"].guard(name):
+            _check_tree_case(name, parents, linked, seq_lens, tallies)
 
-        bs, n = parents.shape
-        total = int(seq_lens.sum()) * n + bs * n * n
-        want = encode_tree_mask(ref.ancestor_mask, TreeMaskMode.FULL_MASK, seq_lens, int(seq_lens.sum()))
-        buf = torch.full((total + 33,), CANARY, dtype=torch.uint8, device=parents.device)
-        K.tree_mask(got["ancestor_bits"], seq_lens, 0, buf)
-        ok = torch.equal(buf[:total].cpu(), want.to(torch.uint8).cpu()) and bool((buf[total:] == CANARY).all())
-        tallies["tree_mask"].check(name + " FULL", ok, "FULL cells differ or canary overwritten")
-        if n <= 32:
-            want = encode_tree_mask(ref.ancestor_mask, TreeMaskMode.QLEN_ONLY_BITPACKING)
-            storage = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[want.element_size()]
-            buf = torch.full((bs * n + 5,), CANARY, dtype=storage, device=parents.device)
-            K.tree_mask(got["ancestor_bits"], seq_lens, 2, buf)
-            ok = torch.equal(buf[: bs * n].cpu(), want.view(storage).cpu()) and bool((buf[bs * n:] == CANARY).all())
-            tallies["tree_mask"].check(name + " packed", ok, "packed rows differ or canary overwritten")
+
+def _check_tree_case(name, parents, linked, seq_lens, tallies: dict) -> None:
+    ref = flatten_torch(None, parents, seq_lens, linked)
+    got = K.tree_layout(parents, linked, seq_lens)
+    bad = [f for f in LAYOUT_FIELDS if not torch.equal(got[f].cpu(), getattr(ref, f).cpu())]
+    if not torch.equal(got["ancestor_bits"].cpu(), ancestor_bits(ref.ancestor_mask).cpu()):
+        bad.append("ancestor_bits")
+    tallies["tree_layout"].check(name, not bad, f"fields {bad}")
+
+    bs, n = parents.shape
+    total = int(seq_lens.sum()) * n + bs * n * n
+    want = encode_tree_mask(ref.ancestor_mask, TreeMaskMode.FULL_MASK, seq_lens, int(seq_lens.sum()))
+    buf = torch.full((total + 33,), CANARY, dtype=torch.uint8, device=parents.device)
+    K.tree_mask(got["ancestor_bits"], seq_lens, 0, buf)
+    ok = torch.equal(buf[:total].cpu(), want.to(torch.uint8).cpu()) and bool((buf[total:] == CANARY).all())
+    tallies["tree_mask"].check(name + " FULL", ok, "FULL cells differ or canary overwritten")
+    if n <= 32:
+        want = encode_tree_mask(ref.ancestor_mask, TreeMaskMode.QLEN_ONLY_BITPACKING)
+        storage = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[want.element_size()]
+        buf = torch.full((bs * n + 5,), CANARY, dtype=storage, device=parents.device)
+        K.tree_mask(got["ancestor_bits"], seq_lens, 2, buf)
+        ok = torch.equal(buf[: bs * n].cpu(), want.view(storage).cpu()) and bool((buf[bs * n:] == CANARY).all())
+        tallies["tree_mask"].check(name + " packed", ok, "packed rows differ or canary overwritten")
 
 
 STEP_TREE_FIELDS = ("tokens", "parents", "linked", "from_draft", "from_retrieval", "draft_index", "proposal_index",
                     "proposal_slot", "num_draft", "num_retrieved", "num_merged", "anchor_slot")
 
 
-def step_cases(sizes, batches, per_shape: int, device: str, gen: torch.Generator):
+def step_cases(sizes, batches, per_shape: int, device: str, gen: torch.Generator, few_widths: bool = False):
     """Inputs of ``build_graft_tree``: real draft pools, retrieval over a small vocabulary (merges
     with draft paths, duplicate siblings, invalid nodes), quantised scores (ties), optional
-    cost-aware overrides (``num_keep``, ``depth_limit``)."""
+    cost-aware overrides (``num_keep``, ``depth_limit``). ``few_widths``: the proposal width R only
+    0, N // 2 + 1 or 2N + 1 (Triton compiles ``graft_step`` once per (pool size, R, N, options): on
+    CUDA random widths would spend the check compiling)."""
     shapes = ((1, 4), (2, 3), (4, 4), (8, 3))
-    for n in sizes:
-        for bs in batches:
-            for c in range(per_shape * len(shapes)):
+    for c in range(per_shape * len(shapes)):  # every size early: a time-limited run still covers all
+        for n in sizes:
+            for bs in batches:
                 topk, steps = shapes[c % len(shapes)]
                 vocab = int(torch.randint(topk + 1, 40, (1,), generator=gen))
                 pool = make_pool(bs, topk, steps, vocab, gen)
                 if c % 3 == 0:  # ties
                     pool.scores = (pool.scores * 4).round() / 4
                 r = int(torch.randint(0, 2 * n + 2, (1,), generator=gen))
+                if few_widths:
+                    r = (0, n // 2 + 1, 2 * n + 1)[(c // 4) % 3]
                 proposals = make_proposals(bs, r, vocab, gen) if r else RetrievalProposals.empty(bs)
                 if r and c % 4 == 1:
                     proposals.valid = torch.rand(bs, r, generator=gen) > 0.3
@@ -196,14 +233,15 @@ def _on(args: tuple, device: str) -> tuple:
 
 def check_graft_step(cases, tally: "Tally", device: str) -> None:
     """CPU (interpreter): the kernel called directly; CUDA: ``build_graft_tree``, which dispatches to it."""
-    for name, args in cases:
-        ref = build_graft_tree(*args)  # CPU tensors: the torch pipeline
-        dev_args = _on(args, device)
-        if device == "cpu":
-            bad = _dict_mismatches(ref, K.graft_step(*_kernel_args(dev_args)))
-        else:
-            bad = _step_mismatches(ref, build_graft_tree(*dev_args))
-        tally.check(name, not bad, f"fields {bad}")
+    for name, args in tally.cases_of(cases):
+        with tally.guard(name):
+            ref = build_graft_tree(*args)  # CPU tensors: the torch pipeline
+            dev_args = _on(args, device)
+            if device == "cpu":
+                bad = _dict_mismatches(ref, K.graft_step(*_kernel_args(dev_args)))
+            else:
+                bad = _step_mismatches(ref, build_graft_tree(*dev_args))
+            tally.check(name, not bad, f"fields {bad}")
 
 
 def _kernel_args(args: tuple) -> tuple:
@@ -307,12 +345,13 @@ def recycle_cases(count: int, max_nodes: int, device: str, gen: torch.Generator)
 
 
 def check_recycle(cases, tally: Tally) -> None:
-    for name, rm, rows, topk in cases:
-        want = rm.successors.clone()
-        scatter_last_wins(want, rows, topk)
-        got = rm.successors.clone()
-        K.recycle_scatter(got, rows, topk)
-        tally.check(name, torch.equal(got.cpu(), want.cpu()), "tables differ")
+    for name, rm, rows, topk in tally.cases_of(cases):
+        with tally.guard(name):
+            want = rm.successors.clone()
+            scatter_last_wins(want, rows, topk)
+            got = rm.successors.clone()
+            K.recycle_scatter(got, rows, topk)
+            tally.check(name, torch.equal(got.cpu(), want.cpu()), "tables differ")
 
 
 # ------------------------------------------------------------------------- CUDA-only checks
@@ -343,24 +382,27 @@ def reroot_inputs(bs: int, r: int, gen: torch.Generator, vocab: int = 6):
 
 def check_reroot(count: int, tally: "Tally", gen: torch.Generator) -> None:
     """The re-root op on CUDA against its CPU run (torch on both; the op must not depend on the device)."""
-    for i in range(count):
+    for i in tally.cases_of(range(count)):
         bs, r = [(1, 8), (7, 30), (48, 75), (3, 0)][i % 4]
-        props, path, length = reroot_inputs(bs, r, gen)
         width = (0, 15, 60, r + 4)[(i // 4) % 4]
-        want, want_m = reroot_proposals(props, path, length, width)
-        got, got_m = reroot_proposals(to_device(props, "cuda"), path.cuda(), length.cuda(), width)
-        same = torch.equal(want_m, got_m.cpu()) and all(
-            torch.equal(getattr(want, f), getattr(got, f).cpu()) for f in ("tokens", "parents", "scores", "valid"))
-        tally.check(f"reroot bs={bs} R={r} width={width}", same, "differs from the CPU run")
+        name = f"reroot bs={bs} R={r} width={width}"
+        with tally.guard(name):
+            props, path, length = reroot_inputs(bs, r, gen)
+            want, want_m = reroot_proposals(props, path, length, width)
+            got, got_m = reroot_proposals(to_device(props, CUDA), path.to(CUDA), length.to(CUDA), width)
+            fields = ("tokens", "parents", "priority", "valid")
+            same = torch.equal(want_m, got_m.cpu()) and all(
+                torch.equal(getattr(want, f), getattr(got, f).cpu()) for f in fields)
+            tally.check(name, same, "differs from the CPU run")
 
 
 def step_inputs(bs: int, n: int, gen: torch.Generator):
-    pool = to_device(make_pool(bs, 8, 6, 32000, gen), "cuda")
-    proposals, path, length = (to_device(x, "cuda") if isinstance(x, RetrievalProposals) else x.cuda()
+    pool = to_device(make_pool(bs, 8, 6, 32000, gen), CUDA)
+    proposals, path, length = (to_device(x, CUDA) if isinstance(x, RetrievalProposals) else x.to(CUDA)
                                for x in reroot_inputs(bs, n - 1 + PATH_WIDTH, gen, vocab=32000))
-    roots = torch.randint(0, 32000, (bs,), generator=gen).cuda()
-    seq_lens = torch.randint(100, 2000, (bs,), generator=gen).cuda()
-    buf = torch.ones(int(seq_lens.sum()) * n + bs * n * n, dtype=torch.bool, device="cuda")
+    roots = torch.randint(0, 32000, (bs,), generator=gen).to(CUDA)
+    seq_lens = torch.randint(100, 2000, (bs,), generator=gen).to(CUDA)
+    buf = torch.ones(int(seq_lens.sum()) * n + bs * n * n, dtype=torch.bool, device=CUDA)
     return pool, (proposals, path, length), roots, seq_lens, buf
 
 
@@ -373,12 +415,13 @@ def tree_step(pool, retrieved, roots, seq_lens, buf, n):
     return step
 
 
-def cuda_checks(result: dict, gen: torch.Generator) -> bool:
-    ok = True
+def capture_checks(result: dict, gen: torch.Generator) -> bool:
+    """Sync-debug mode over the eager and the captured tree step; replay against eager."""
     n, bs = 61, 48
     inputs = step_inputs(bs, n, gen)
     tree_step(*inputs, n)  # compile the kernels outside the checks
     graph, out = capture(lambda: tree_step(*inputs, n))  # capture synchronizes: outside the debug mode
+    ok = True
     try:
         torch.cuda.set_sync_debug_mode("error")
         tree_step(*inputs, n)
@@ -398,8 +441,11 @@ def cuda_checks(result: dict, gen: torch.Generator) -> bool:
     same = all(torch.equal(getattr(eager.layout, f), getattr(out.layout, f)) for f in LAYOUT_FIELDS)
     same = same and torch.equal(eager.tree.tokens, out.tree.tokens) and torch.equal(mask_eager, inputs[4])
     result["graph_replay"] = {"equal_to_eager": bool(same), "bs": bs, "N": n}
-    ok = ok and same
+    return ok and same
 
+
+def timings(gen: torch.Generator) -> list[dict]:
+    """Median microseconds (CUDA events) of the tree step's parts at bs 1 / 16 / 64, N 16 / 61."""
     rows = []
     for n in (16, 61):
         for bs in (1, 16, 64):
@@ -409,68 +455,114 @@ def cuda_checks(result: dict, gen: torch.Generator) -> bool:
             row = {"bs": bs, "N": n}
             row["layout_kernel_us"] = 1e3 * timed(
                 lambda: K.tree_mask(K.tree_layout(parents.parents, parents.linked, seq_lens)["ancestor_bits"],
-                                    seq_lens, 0, buf), "cuda", 10, 50)
-            seq_sum = buf.numel() // n - bs * n
+                                    seq_lens, 0, buf), CUDA, 10, 50)
+            seq_sum = int(seq_lens.sum())
 
             def torch_layout():
                 layout = flatten_torch(None, parents.parents, seq_lens, parents.linked)
                 return encode_tree_mask(layout.ancestor_mask, TreeMaskMode.FULL_MASK, seq_lens, seq_sum)
 
-            row["layout_torch_us"] = 1e3 * timed(torch_layout, "cuda", 10, 50)
-            row["reroot_us"] = 1e3 * timed(lambda: reroot_proposals(*retrieved, n - 1), "cuda", 10, 50)
+            row["layout_torch_us"] = 1e3 * timed(torch_layout, CUDA, 10, 50)
+            row["reroot_us"] = 1e3 * timed(lambda: reroot_proposals(*retrieved, n - 1), CUDA, 10, 50)
             step = lambda: tree_step(pool, retrieved, roots, seq_lens, buf, n)  # noqa: E731
-            row["tree_step_eager_us"] = 1e3 * timed(step, "cuda", 10, 50)
+            row["tree_step_eager_us"] = 1e3 * timed(step, CUDA, 10, 50)
             os.environ[KERNELS_ENV] = "torch"
-            row["tree_step_eager_torch_us"] = 1e3 * timed(step, "cuda", 10, 50)
+            row["tree_step_eager_torch_us"] = 1e3 * timed(step, CUDA, 10, 50)
             os.environ[KERNELS_ENV] = "triton"
             graph, _ = capture(step)
-            row["tree_step_graph_us"] = 1e3 * timed(graph.replay, "cuda", 10, 50)
+            row["tree_step_graph_us"] = 1e3 * timed(graph.replay, CUDA, 10, 50)
             rows.append(row)
-    result["timings"] = rows
-    return ok
+    return rows
+
+
+def run_checks(args, device: str, gen: torch.Generator, result: dict, save) -> bool:
+    """The kernels against their references (each CUDA check stops after ``args.case_seconds``),
+    then, on CUDA, the re-root op and the captured step. ``save()`` after each part."""
+    tallies = result["kernels"] = {}
+    interp = args.interpret
+    sizes, batches = ((2, 5, 16), (1, 3)) if interp else ((2, 16, 61, 64), (1, 7, 48))
+    limit = None if interp else args.case_seconds
+    parts = [
+        ("tree_layout", lambda t: check_tree_kernels(tree_cases(sizes, batches, 4 if interp else 32, device, gen),
+                                                     {"tree_layout": t, "tree_mask": tally("tree_mask")})),
+        ("recycle_scatter", lambda t: check_recycle(recycle_cases(60 if interp else 2000, 300 if interp else 3000,
+                                                                  device, gen), t)),
+        ("graft_step", lambda t: check_graft_step(
+            step_cases(sizes, batches, 3 if interp else 42, device, gen, few_widths=not interp), t, device)),
+        ("dispatch" if interp else "reroot",
+         (lambda t: check_dispatch(gen, t)) if interp else (lambda t: check_reroot(2000, t, gen))),
+    ]
+    kept: dict[str, Tally] = {}
+
+    def tally(name: str) -> Tally:
+        return kept.setdefault(name, Tally(limit))
+
+    ok = True
+    for name, part in parts:
+        if args.parts and name not in args.parts:
+            continue
+        t0 = time.time()
+        try:
+            part(tally(name))
+        except Exception:
+            result.setdefault("errors", {})[name] = traceback.format_exc()[-3000:]
+            ok = False
+        kept[name].elapsed = round(time.time() - t0, 1)
+        tallies.update({k: t.json() for k, t in kept.items()})
+        save()
+    if not interp and (not args.parts or "capture" in args.parts):
+        try:
+            ok = capture_checks(result, gen) and ok
+        except Exception:
+            result.setdefault("errors", {})["capture"] = traceback.format_exc()[-3000:]
+            ok = False
+    return ok and all(t.mismatches == 0 and t.cases > 0 for t in kept.values())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="directory for gpu_check.json")
+    parser.add_argument("--out", required=True, help="directory for gpu_check.json (and gpu_timings.json)")
     parser.add_argument("--interpret", action="store_true", help="CPU, Triton interpreter, small cases")
+    parser.add_argument("--phase", choices=("checks", "timings", "all"), default="all",
+                        help="CUDA: the checks (gpu_check.json), the timings (gpu_timings.json) or both")
+    parser.add_argument("--case-seconds", type=float, default=60.0,
+                        help="CUDA: stop each kernel's cases after this many seconds (reported as truncated)")
+    parser.add_argument("--parts", nargs="*", default=None,
+                        help="only these checks (tree_layout recycle_scatter graft_step reroot capture dispatch)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.interpret and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("--interpret needs TRITON_INTERPRET=1 in the environment (set before Triton loads)")
     if not args.interpret and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --interpret under TRITON_INTERPRET=1")
-    device = "cpu" if args.interpret else "cuda"
+    faulthandler.dump_traceback_later(float(os.environ.get("GPU_CHECK_TRACEBACK_AFTER", 1e6)), exit=False)
+    device = "cpu" if args.interpret else CUDA
     gen = torch.Generator().manual_seed(args.seed)
-    t0 = time.time()
-    result = {"device": "triton-interpreter (cpu)" if args.interpret else torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": __import__("triton").__version__, "interpret": args.interpret}
-    tallies = {name: Tally() for name in ("tree_layout", "tree_mask", "recycle_scatter", "graft_step", "dispatch")}
-    ok = True
-    try:
-        if args.interpret:
-            check_tree_kernels(tree_cases((2, 5, 16), (1, 3), 4, device, gen), tallies)
-            check_recycle(recycle_cases(60, 300, device, gen), tallies["recycle_scatter"])
-            check_graft_step(step_cases((2, 5, 16), (1, 3), 3, device, gen), tallies["graft_step"], device)
-            check_dispatch(gen, tallies["dispatch"])
-        else:
-            check_tree_kernels(tree_cases((2, 16, 61, 64), (1, 7, 48), 32, device, gen), tallies)
-            check_recycle(recycle_cases(2000, 3000, device, gen), tallies["recycle_scatter"])
-            check_graft_step(step_cases((2, 16, 61, 64), (1, 7, 48), 42, device, gen), tallies["graft_step"], device)
-            tallies["reroot"] = Tally()
-            check_reroot(2000, tallies["reroot"], gen)
-            ok = cuda_checks(result, gen)
-    except Exception:
-        result["error"] = traceback.format_exc()[-3000:]
-        ok = False
-    result["kernels"] = {name: t.json() for name, t in tallies.items()}
-    result["seconds"] = round(time.time() - t0, 1)
-    ok = ok and all(t.mismatches == 0 and t.cases > 0 for t in tallies.values())
-    result["ok"] = ok
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    head = {"device": "triton-interpreter (cpu)" if args.interpret else torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": __import__("triton").__version__, "interpret": args.interpret}
+    ok = True
+    if args.interpret or args.phase in ("checks", "all"):
+        t0 = time.time()
+        result = dict(head)
+
+        def save() -> None:
+            result["seconds"] = round(time.time() - t0, 1)
+            (out / "gpu_check.json").write_text(json.dumps(result, indent=2))
+
+        result["ok"] = ok = run_checks(args, device, gen, result, save)
+        save()
+        print(json.dumps(result, indent=2))
+    if not args.interpret and args.phase in ("timings", "all"):
+        timing = dict(head)
+        try:
+            timing["timings"] = timings(gen)
+        except Exception:
+            timing["error"] = traceback.format_exc()[-3000:]
+            ok = False
+        (out / "gpu_timings.json").write_text(json.dumps(timing, indent=2))
+        print(json.dumps(timing, indent=2))
     return 0 if ok else 1
 
 

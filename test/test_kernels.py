@@ -43,6 +43,26 @@ def test_every_kernel_matches_its_reference_under_the_triton_interpreter(tmp_pat
     assert glue["cases"] >= 30 and glue["mismatches"] == 0, glue
 
 
+def test_gpu_check_cuda_branches_dry_run_on_the_cpu(tmp_path):
+    """The script's CUDA-only code (re-root cases, the captured-step checks, the timing table) run
+    with the CUDA device pointed at the CPU (``test/gpu_check_dry_run.py``): a bug in the check
+    itself must not cost a GPU run."""
+    env = dict(os.environ, TRITON_INTERPRET="1", SGLANG_GRAFT_STANDALONE="1")
+    proc = subprocess.run([sys.executable, "test/gpu_check_dry_run.py", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert result["ok"] is True and "errors" not in result, result
+    tallies = result["kernels"]
+    assert set(tallies) == {*KERNELS, "reroot"}
+    assert all(t["cases"] > 0 and t["mismatches"] == 0 for t in tallies.values()), tallies
+    assert tallies["reroot"]["cases"] == 2000
+    assert result["sync_debug"]["ok"] is True and result["graph_replay"]["equal_to_eager"] is True
+    timing = json.loads((tmp_path / "gpu_timings.json").read_text())
+    assert "error" not in timing and [(r["bs"], r["N"]) for r in timing["timings"]] == [
+        (bs, n) for n in (16, 61) for bs in (1, 16, 64)]
+
+
 def test_gpu_check_refuses_interpret_without_the_interpreter(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHON"] = sys.executable
