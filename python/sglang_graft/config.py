@@ -38,7 +38,8 @@ RECYCLE_SCOPES = ("shared", "tenant", "request")
 BUDGET_MODES = ("cost", "fixed")
 # --speculative-graft-graph: the tree build, and the draft loop where its depth is known before it runs,
 # replayed from captured graphs (on), also checked against eager runs every step (shadow, a test mode),
-# eager (off); auto: off until the CUDA capture has run
+# eager (off); auto: off until the capture has run inside a served CUDA step (on an H200 it has run
+# outside a server: benchmark/results/gpu_h200/)
 GRAPH_MODES = ("auto", "on", "off", "shadow")
 # Whether the decode step may read device values on the host: ``on`` never (decisions and retrieval
 # from results two worker calls old, re-rooted on the device), ``off`` (fresh values, host reads),
@@ -135,7 +136,7 @@ class GraftConfig:
     def resolved_graph(self) -> str:
         """``--speculative-graft-graph`` as the step runs it: ``on``, ``shadow`` or ``off``
         (``auto`` is ``off`` on every device for now: on a CPU the capture runs through the
-        stand-in, and on CUDA it has not been executed yet)."""
+        stand-in, and on CUDA it has run outside a server only, not in a served step)."""
         return "off" if self.graph == "auto" else self.graph
 
     def resolved_sync_free(self, device) -> bool:
