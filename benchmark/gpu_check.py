@@ -8,10 +8,10 @@
 Writes ``DIR/gpu_check.json`` after each check: ``{"kernels": {NAME: {"cases", "mismatches",
 "first_mismatch", "truncated", "seconds"}}, "sync_debug": ..., "graph_replay": ..., "errors": ...}``
 (sync_debug and graph_replay on CUDA only), and on CUDA ``DIR/gpu_timings.json``; exits 1 on any
-mismatch or failed check. A case that raises is a mismatch, not the end of the run. Needs torch and triton, not SGLang. On CUDA the checked
-step is the sync-free step's tree part: retrieved trees re-rooted along a committed path on the
-device (``tree.reroot_proposals``, also compared with its CPU run, ``kernels.reroot``), then
-prune -> graft -> flatten and the mask.
+mismatch or failed check. A case that raises is a mismatch, not the end of the run. Needs torch
+and triton, not SGLang. On CUDA the checked step is the sync-free step's tree part: retrieved trees
+re-rooted along a committed path on the device (``tree.reroot_proposals``, also compared with its
+CPU run, ``reroot``), then prune -> graft -> flatten and the mask.
 
 Cases: trees with N in {2, 16, 61, 64} (interpreter: {2, 5, 16}), bs in {1, 7, 48} (interpreter:
 {1, 3}), of several shapes (random, chains, stars, forests, labels out of order, unlinked
@@ -121,7 +121,8 @@ def tree_cases(sizes, batches, per_shape: int, device: str, gen: torch.Generator
 # ------------------------------------------------------------------------------------ checks
 class Tally:
     """Cases and mismatches of one check. A case that raises counts as a mismatch (its exception is
-    the detail); ``cases()`` stops handing out cases once ``seconds`` have passed (``truncated``)."""
+    the detail: ``guard``); ``cases_of`` stops handing out cases once ``seconds`` have passed
+    (``truncated``)."""
 
     def __init__(self, seconds: float | None = None) -> None:
         self.cases = 0
@@ -138,7 +139,7 @@ class Tally:
             self.first = self.first or f"{name}: {detail}"
 
     def cases_of(self, cases):
-        """``cases`` until the time limit; each case's body runs under ``guard``."""
+        """``cases`` until the time limit."""
         t0 = time.time()
         for case in cases:
             if self.seconds is not None and time.time() - t0 > self.seconds:
@@ -535,7 +536,8 @@ def main() -> int:
         raise SystemExit("--interpret needs TRITON_INTERPRET=1 in the environment (set before Triton loads)")
     if not args.interpret and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --interpret under TRITON_INTERPRET=1")
-    faulthandler.dump_traceback_later(float(os.environ.get("GPU_CHECK_TRACEBACK_AFTER", 1e6)), exit=False)
+    if os.environ.get("GPU_CHECK_TRACEBACK_AFTER"):  # where a run stands before its timeout kills it
+        faulthandler.dump_traceback_later(float(os.environ["GPU_CHECK_TRACEBACK_AFTER"]), exit=False)
     device = "cpu" if args.interpret else CUDA
     gen = torch.Generator().manual_seed(args.seed)
     out = Path(args.out)

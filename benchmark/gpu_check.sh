@@ -57,7 +57,8 @@ else
 fi
 
 echo "== kernels vs references, sync debug, graph replay =="
-GPU_CHECK_TRACEBACK_AFTER=230 timeout 240 "$PY" benchmark/gpu_check.py --phase checks --case-seconds 50 --out "$OUT_DIR" \
+GPU_CHECK_TRACEBACK_AFTER=230 timeout 240 "$PY" benchmark/gpu_check.py --phase checks --case-seconds 50 \
+    --out "$OUT_DIR" \
     > "$OUT_DIR/gpu_check.log" 2>&1 || status=1
 tail -c 3000 "$OUT_DIR/gpu_check.log"
 if [ -n "$tests" ]; then
