@@ -59,8 +59,9 @@ def _setup(bs, seq_lens, H, Hkv, D, pool=256, seed=0, layout="scattered"):
 
 
 @pytest.mark.parametrize("layout", ["scattered", "runs"])
-@pytest.mark.parametrize("H,Hkv,window,cap,use_sink", [(4, 2, 0, 0.0, False), (6, 2, 5, 30.0, True), (2, 2, 0, 0.0, True)])
+@pytest.mark.parametrize("H,Hkv,window,cap,use_sink", [(4, 2, 0, 0.0, False), (4, 2, 10, 0.0, False), (6, 2, 5, 30.0, True), (2, 2, 0, 0.0, True)])
 def test_decode_attention_matches_reference(H, Hkv, window, cap, use_sink, layout):
+    """The fused path (no cap or sink; a window only shortens the keys: 10 against 14) and the masked one."""
     D, bs = 8, 3
     seq_lens = [9, 1, 14] if layout == "scattered" else [9, 4, 14]
     g, k_buf, v_buf, r2t, rpi = _setup(bs, seq_lens, H, Hkv, D, layout=layout)
@@ -87,10 +88,11 @@ def test_decode_attention_matches_reference(H, Hkv, window, cap, use_sink, layou
 
 @pytest.mark.parametrize("layout", ["scattered", "runs"])
 @pytest.mark.parametrize("tree", [False, True])
-@pytest.mark.parametrize("window", [0, 4])
+@pytest.mark.parametrize("window", [0, 4, 16])
 def test_extend_attention_matches_reference(tree, layout, window):
-    """Both paths: without a window (the grouped products after a cached prefix) and with one (the
-    masked path, as Gemma's sliding-window layers take)."""
+    """Both paths: the prefix and the new tokens apart, merged by their log-sum-exps (no window, or
+    one of 16 that no key falls out of) and the masked path (a window of 4, as Gemma's
+    sliding-window layers take)."""
     H, Hkv, D, bs, E = 4, 2, 8, 2, 5
     prefix = [7, 3]
     seq_lens = [p + E for p in prefix]

@@ -104,6 +104,56 @@ def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch
     return vis
 
 
+def _request_rows(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, starts, ends) -> list:
+    """How to read each request's keys, ``req_to_token[req_pool_indices[b], starts[b]:ends[b]]``, from
+    the KV pool (see :func:`_slot_rows`): a ``slice`` for a run of slots, else the int64 slots.
+
+    One gather and one host read for the whole batch when every ``start`` is 0 (no encoder), instead
+    of a few small ops per request: the ops run once per layer, and at 16 requests the per-request
+    ops cost more than the attention's arithmetic."""
+    if not starts:
+        return []
+    if any(starts):
+        return [_slot_rows(req_to_token[req_pool_indices[b], s:e].to(torch.int64))
+                for b, (s, e) in enumerate(zip(starts, ends))]
+    width = max(ends)
+    if width == 0:
+        return [slice(0, 0)] * len(ends)
+    table = req_to_token[req_pool_indices.to(torch.int64), :width].to(torch.int64)  # [bs, width]
+    lens = torch.tensor(ends)
+    steps = table.diff(dim=1) == 1
+    inside = torch.arange(width - 1)[None, :] < (lens - 1)[:, None]
+    runs = (steps | ~inside).all(dim=1).tolist()
+    firsts = table[:, 0].tolist()
+    return [slice(first, first + n) if (run and n > 0) else table[b, :n]
+            for b, (first, n, run) in enumerate(zip(firsts, ends, runs))]
+
+
+def _fused(logit_cap: float, sinks: Optional[torch.Tensor]) -> bool:
+    """Whether :func:`attend_folded` computes these heads: no soft cap, no sink logits."""
+    return logit_cap <= 0 and sinks is None
+
+
+def attend_folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: Optional[torch.Tensor],
+                  sm_scale: float) -> torch.Tensor:
+    """Softmax attention with GQA folded into the rows: the G = H / Hkv query heads that share a kv
+    head are G * M rows of one product against that head's keys, so no key or value is copied per
+    query head (``enable_gqa`` does copy them) and torch's fused CPU kernel runs without one.
+
+    q: [M, H, D]; k: [L, Hkv, D] and v: [L, Hkv, Dv] float32; visible: [M, L] bool, every row with
+    a visible key, or ``None`` for all. Returns [M, H, Dv] float32. Rows go in the order m * G + g,
+    so the mask is each of ``visible``'s rows G times in a row.
+    """
+    m, h, d = q.shape
+    hkv = k.shape[1]
+    g = h // hkv
+    qf = q.to(torch.float32).view(m, hkv, g, d).transpose(0, 1).reshape(1, hkv, m * g, d)
+    mask = None if visible is None else visible.repeat_interleave(g, dim=0)
+    out = F.scaled_dot_product_attention(qf, k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         attn_mask=mask, scale=sm_scale)  # [1, Hkv, M * G, Dv]
+    return out[0].view(hkv, m, g, -1).transpose(0, 1).reshape(m, h, -1)
+
+
 def decode_attention_cpu(
     query: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -129,28 +179,33 @@ def decode_attention_cpu(
 
     query: [bs, H, D]; output: [bs, H, Dv]; k/v_buffer: [pool, Hkv, D / Dv].
     ``attn_logits`` is the split-KV scratch buffer of the C++ kernel and is not needed here.
+    A sliding window only shortens the keys (the query is the last position), so without a soft cap
+    or sinks every request runs :func:`attend_folded` over its visible keys without a mask.
     """
     if key is not None and value is not None:
         k_buffer[loc] = key.to(k_buffer.dtype)
         v_buffer[loc] = value.to(v_buffer.dtype)
-    for b in range(query.shape[0]):
-        row = req_to_token[req_pool_indices[b]]
-        seq_len = int(seq_lens[b])
-        if is_cross_attn:
-            start, end = 0, int(encoder_lens[b])
-        else:
-            start = int(encoder_lens[b]) if encoder_lens is not None else 0
-            end = seq_len
-        rows = _slot_rows(row[start:end].to(torch.int64))
+    bs = query.shape[0]
+    seq = seq_lens.tolist()
+    enc = encoder_lens.tolist() if encoder_lens is not None else [0] * bs
+    if is_cross_attn:
+        starts, ends = [0] * bs, enc
+    else:
+        starts, ends = enc, seq
+    rows_of = _request_rows(req_to_token, req_pool_indices, starts, ends)
+    for b in range(bs):
+        n = ends[b] - starts[b]
+        rows = rows_of[b]
+        if not is_cross_attn and 0 < sliding_window_size < n:  # the last `window` positions only
+            rows = slice(rows.start + n - sliding_window_size, rows.stop) if isinstance(rows, slice) \
+                else rows[n - sliding_window_size:]
+            n = sliding_window_size
         k = _gather_kv(k_buffer, rows, k_scale)
         v = _gather_kv(v_buffer, rows, v_scale)
-        k_pos = torch.arange(end - start)
-        q_pos = torch.tensor([end - start - 1])
-        visible = (
-            torch.ones(1, end - start, dtype=torch.bool)
-            if is_cross_attn
-            else _window_mask(q_pos, k_pos, sliding_window_size)
-        )
+        if _fused(logit_cap, sinks):
+            output[b] = attend_folded(query[b : b + 1], k, v, None, sm_scale)[0].to(output.dtype)
+            continue
+        visible = torch.ones(1, n, dtype=torch.bool)
         out = attend(query[b : b + 1], k, v, visible, sm_scale, logit_cap, sinks)
         output[b] = out[0].to(output.dtype)
 
@@ -185,29 +240,40 @@ def extend_attention_cpu(
     through ``req_to_token`` (this also covers layers that share another layer's KV and pass
     ``k_extend = None``). ``tree_mask`` (QLEN layout, bool ``[bs * E * E]`` with E the uniform
     extend length) replaces the causal rule among the extend tokens; prefix keys stay visible.
+    Where no key falls out of a sliding window and there is no soft cap or sink, a verify or an
+    extend after a cached prefix runs :func:`attend_folded` (the prefix all visible, the tree or
+    causal rule among the new tokens); a prefill from position 0, torch's fused causal kernel;
+    everything else the general :func:`attend`.
     """
-    for b in range(seq_lens.shape[0]):
-        seq_len = int(seq_lens[b])
-        ext = int(extend_seq_lens[b])
-        q0 = int(extend_start_loc[b])
+    bs = seq_lens.shape[0]
+    seq, exts, q0s = seq_lens.tolist(), extend_seq_lens.tolist(), extend_start_loc.tolist()
+    enc = encoder_lens.tolist() if encoder_lens is not None else [0] * bs
+    if is_cross_attn:
+        starts, ends = [0] * bs, enc
+    else:
+        starts, ends = enc, [e + n for e, n in zip(enc, seq)]
+    rows_of = _request_rows(req_to_token, req_pool_indices, starts, ends)
+    for b in range(bs):
+        seq_len, ext, q0 = seq[b], exts[b], q0s[b]
         if ext == 0:
             continue
         prefix = seq_len - ext
-        row = req_to_token[req_pool_indices[b]]
-        if is_cross_attn:
-            slots = row[: int(encoder_lens[b])].to(torch.int64)
-        else:
-            offset = int(encoder_lens[b]) if encoder_lens is not None else 0
-            slots = row[offset : offset + seq_len].to(torch.int64)
-        rows = _slot_rows(slots)
+        rows = rows_of[b]
         k = _gather_kv(k_buffer, rows, k_scale)
         v = _gather_kv(v_buffer, rows, v_scale)
         q = q_extend[q0 : q0 + ext]
-        num_keys = slots.numel()
+        num_keys = ends[b] - starts[b]
+        tm = tree_mask.view(-1, ext, ext)[b] if tree_mask is not None else None  # [E, E] ancestor-or-self
+        windowless = sliding_window_size <= 0 or seq_len <= sliding_window_size
+        if (is_causal and not is_cross_attn and windowless and _fused(logit_cap, sinks)
+                and (prefix > 0 or tm is not None)):
+            visible = torch.ones(ext, num_keys, dtype=torch.bool)
+            visible[:, prefix:] = tm if tm is not None else visible[:, prefix:].tril()
+            o_extend[q0 : q0 + ext] = attend_folded(q, k, v, visible, sm_scale).to(o_extend.dtype)
+            continue
         if is_cross_attn or not is_causal:
             visible = torch.ones(ext, num_keys, dtype=torch.bool)
-        elif tree_mask is not None:
-            tm = tree_mask.view(-1, ext, ext)[b]  # [E, E] ancestor-or-self among extend tokens
+        elif tm is not None:
             depth = tm.sum(dim=1) - 1  # tree depth of each extend token (root = 0)
             q_pos = prefix + depth
             k_pos = torch.arange(num_keys)
@@ -219,7 +285,7 @@ def extend_attention_cpu(
         else:
             q_pos = prefix + torch.arange(ext)
             visible = _window_mask(q_pos, torch.arange(num_keys), sliding_window_size)
-        plain_causal = is_causal and not is_cross_attn and tree_mask is None and prefix == 0 and (
+        plain_causal = is_causal and not is_cross_attn and tm is None and prefix == 0 and (
             sliding_window_size <= 0 or sliding_window_size >= ext)
         out = attend(q, k, v, visible, sm_scale, logit_cap, sinks, causal_from_zero=plain_causal)
         o_extend[q0 : q0 + ext] = out.to(o_extend.dtype)
