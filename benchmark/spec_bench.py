@@ -31,10 +31,13 @@ Writes ``--json``, a Markdown table and PNG plots next to it.
 The full run (defaults: 5 prompts per category, 128 new tokens, one server at a time) is what
 ``benchmark/RESULTS.md`` reports. ``--quick`` (2 prompts per category, 64 new tokens) measures two
 servers side by side (``--lanes 2``) to finish in about 10 minutes on 2 cores; its assertions are the
-same, its speed ratios only indicative since two methods share the CPU.
+same, its speed ratios only indicative since two methods share the CPU. ``--interleave`` starts every
+method's server at once and serves each prompt on each in turn, one request at a time: on a machine
+whose speed drifts (a shared one) every method meets the same stretch of it.
 
     python benchmark/spec_bench.py                              # full run: SmolLM2 + committed head
     python benchmark/spec_bench.py --quick                      # 2 prompts/category, 64 tokens, 2 lanes
+    python benchmark/spec_bench.py --interleave --methods none,EAGLE3-adaptive,GRAFT   # methods take turns
     python benchmark/spec_bench.py --split tune --methods none,GRAFT \\
         --variant 'GRAFT-deep=GRAFT-auto --speculative-num-steps 6'   # choosing a default
     python benchmark/spec_bench.py --model DIR --draft HEAD --prompts my.jsonl --methods none,GRAFT-sam
@@ -43,6 +46,7 @@ same, its speed ratios only indicative since two methods share the CPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -159,38 +163,69 @@ def server_args(method: Method, draft: Path | None, dtype: str) -> list[str]:
     return args + ["--dtype", dtype]
 
 
+class Lane:
+    """One method's server serving prompts one at a time: per-category cells and, for GRAFT, the
+    economy of each category (the difference of the server's cumulative counters around each prompt)."""
+
+    def __init__(self, srv, warm_ids: list[int]) -> None:
+        self.srv = srv
+        self.cells: dict[str, Cell] = {}
+        self.by_category: dict[str, Counter] = {}
+        srv.generate_ids(warm_ids[:8], 4)  # warm-up outside the measurement
+        self.economy = _economy(srv)
+
+    def serve(self, category: str, ids: list[int], max_new: int, temperature: float) -> None:
+        t0 = time.perf_counter()
+        r = self.srv.generate_ids(ids, max_new, temperature=temperature, ignore_eos=False)
+        dt = time.perf_counter() - t0
+        m = r["meta_info"]
+        c = self.cells.setdefault(category, Cell())
+        c.tokens += m["completion_tokens"]
+        c.verify_steps += m.get("spec_verify_ct") or m["completion_tokens"]
+        c.seconds += dt
+        c.retrieved += m.get("graft_retrieved_accepted", 0)
+        c.drafted += m.get("graft_draft_accepted", 0)
+        c.counted += "graft_draft_accepted" in m  # absent with --speculative-graft-sync-free on
+        c.outputs.append(r["output_ids"])
+        if self.economy is not None:  # outside the timed request
+            after = _economy(self.srv)
+            self.by_category.setdefault(category, Counter()).update(_counters(after) - _counters(self.economy))
+            self.economy = after
+
+    def result(self) -> tuple[dict[str, Cell], dict | None, dict]:
+        """Per-category cells, the economy of the whole run (or None) and its economy per category."""
+        return self.cells, self.economy, {cat: _category_economy(c) for cat, c in self.by_category.items()}
+
+
 def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prompts, max_new: int,
                temperature: float, log_dir: Path) -> tuple[dict[str, Cell], dict | None, dict]:
-    """Serve ``prompts`` one at a time; per-category cells, GRAFT's step economy of the whole run (or
-    None) and its economy per category (the difference of the server's cumulative counters around
-    each prompt; empty without GRAFT)."""
+    """Serve ``prompts`` one at a time on ``method``'s server (see :class:`Lane`)."""
     from local_server import SGLangServer
 
-    args = server_args(method, draft, dtype)
-    cells: dict[str, Cell] = {}
-    by_category: dict[str, Counter] = {}
-    with SGLangServer(model, args, log_path=log_dir / f"{method.name}.log") as srv:
-        srv.generate_ids(prompts[0][2][:8], 4)  # warm-up outside the measurement
-        before = _economy(srv)
+    with SGLangServer(model, server_args(method, draft, dtype), log_path=log_dir / f"{method.name}.log") as srv:
+        lane = Lane(srv, prompts[0][2])
         for category, _, ids in prompts:
-            t0 = time.perf_counter()
-            r = srv.generate_ids(ids, max_new, temperature=temperature, ignore_eos=False)
-            dt = time.perf_counter() - t0
-            m = r["meta_info"]
-            c = cells.setdefault(category, Cell())
-            c.tokens += m["completion_tokens"]
-            c.verify_steps += m.get("spec_verify_ct") or m["completion_tokens"]
-            c.seconds += dt
-            c.retrieved += m.get("graft_retrieved_accepted", 0)
-            c.drafted += m.get("graft_draft_accepted", 0)
-            c.counted += "graft_draft_accepted" in m  # absent with --speculative-graft-sync-free on
-            c.outputs.append(r["output_ids"])
-            if before is not None:  # outside the timed request
-                after = _economy(srv)
-                by_category.setdefault(category, Counter()).update(_counters(after) - _counters(before))
-                before = after
-    economy = before
-    return cells, economy, {cat: _category_economy(counts) for cat, counts in by_category.items()}
+            lane.serve(category, ids, max_new, temperature)
+    return lane.result()
+
+
+def run_interleaved(names: list[str], table: dict[str, Method], model: Path, draft: Path | None, dtype: str,
+                    prompts, max_new: int, temperature: float, log_dir: Path) -> dict[str, tuple]:
+    """Every method's server up at once (idle ones sleep), each prompt served by each in turn, the
+    order rotating from prompt to prompt: a machine whose speed drifts moves every method alike,
+    where one server after another hands each method a different stretch of it."""
+    from local_server import SGLangServer
+
+    with contextlib.ExitStack() as stack:
+        lanes = {}
+        for name in names:
+            srv = stack.enter_context(SGLangServer(model, server_args(table[name], draft, dtype),
+                                                   log_path=log_dir / f"{name}.log"))
+            lanes[name] = Lane(srv, prompts[0][2])
+        for i, (category, _, ids) in enumerate(prompts):
+            for name in names[i % len(names):] + names[: i % len(names)]:
+                lanes[name].serve(category, ids, max_new, temperature)
+        return {name: lane.result() for name, lane in lanes.items()}
 
 
 def _economy(srv) -> dict | None:
@@ -269,6 +304,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "(each unless given explicitly)")
     ap.add_argument("--lanes", type=int, help="servers measured at the same time (default 1; 2 with --quick: "
                     "fits 10 minutes on 2 cores, but then methods share the CPU and speed ratios are indicative)")
+    ap.add_argument("--interleave", action="store_true", help="every server up at once, each prompt served by "
+                    "each method in turn (one request at a time): ratios robust to a machine whose speed drifts")
     ap.add_argument("--json", type=Path, default=HERE / "out" / "spec_bench.json")
     args = ap.parse_args(argv)
     if args.draft is None:
@@ -281,6 +318,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.lanes = 2 if args.quick else 1
     if args.lanes < 1:
         sys.exit("--lanes must be >= 1")
+    if args.interleave and args.lanes > 1:
+        sys.exit("--interleave serves one request at a time: it takes no --lanes")
     return args
 
 
@@ -338,8 +377,14 @@ def main() -> None:
               flush=True)
         return out
 
-    with ThreadPoolExecutor(max_workers=args.lanes) as pool:  # each lane: one server, batch size 1
-        runs = dict(zip(chosen, pool.map(measure, chosen)))
+    if args.interleave:
+        runs = run_interleaved(chosen, table, args.model, args.draft, args.dtype, prompts, args.max_new_tokens,
+                               args.temperature, log_dir)
+        print(f"[spec_bench] {len(chosen)} methods interleaved, {len(prompts)} prompts each, "
+              f"{time.time() - t_start:.0f} s", flush=True)
+    else:
+        with ThreadPoolExecutor(max_workers=args.lanes) as pool:  # each lane: one server, batch size 1
+            runs = dict(zip(chosen, pool.map(measure, chosen)))
     measured = {name: cells for name, (cells, _, _) in runs.items()}
     economy = {name: eco for name, (_, eco, _) in runs.items() if eco}
     by_category = {name: cats for name, (_, eco, cats) in runs.items() if eco}

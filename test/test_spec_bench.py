@@ -236,3 +236,48 @@ def test_economy_by_category_is_the_difference_of_snapshots():
     assert check["steps"] == 12 and check["committed_tokens"] == 26
     assert check["expected_tokens"] == pytest.approx(30.0) and check["expected_per_step"] == pytest.approx(2.5)
     assert spec_bench._mean_budget(eco) == pytest.approx((4 * 6 + 8 * 9) / 15)
+
+
+def test_interleaved_methods_take_turns_on_every_prompt(monkeypatch, tmp_path):
+    """``--interleave``: every server up before the first prompt, each prompt served by every method,
+    the order rotating from prompt to prompt, and each method's cells built from its own replies."""
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import local_server
+    import spec_bench
+
+    log = []
+
+    class FakeServer:
+        def __init__(self, model, args, log_path):
+            self.name = Path(log_path).stem
+
+        def __enter__(self):
+            log.append(("up", self.name))
+            return self
+
+        def __exit__(self, *exc):
+            log.append(("down", self.name))
+
+        def generate_ids(self, ids, max_new, **sampling):
+            if max_new == 4:  # the warm-up
+                return {}
+            log.append((self.name, ids[0]))
+            return {"meta_info": {"completion_tokens": max_new, "spec_verify_ct": 2 if self.name != "none" else 0},
+                    "output_ids": [ids[0], len(self.name)]}
+
+    monkeypatch.setattr(local_server, "SGLangServer", FakeServer)
+    monkeypatch.setattr(spec_bench, "_economy", lambda srv: None)
+    table = spec_bench.methods(4, 4, 16)
+    prompts = [("code", "p", [10]), ("code", "p", [11]), ("math", "p", [12])]
+    runs = spec_bench.run_interleaved(["none", "NGRAM", "GRAFT"], table, Path("m"), Path("d"), "float32",
+                                      prompts, 6, 0.0, tmp_path)
+    assert log[:3] == [("up", "none"), ("up", "NGRAM"), ("up", "GRAFT")]
+    served = [entry for entry in log if entry[0] not in ("up", "down")]
+    assert served == [("none", 10), ("NGRAM", 10), ("GRAFT", 10), ("NGRAM", 11), ("GRAFT", 11), ("none", 11),
+                      ("GRAFT", 12), ("none", 12), ("NGRAM", 12)]
+    assert sorted(e[1] for e in log if e[0] == "down") == ["GRAFT", "NGRAM", "none"]
+    cells, economy, by_category = runs["GRAFT"]
+    assert economy is None and by_category == {}
+    assert cells["code"].tokens == 12 and cells["code"].verify_steps == 4 and cells["math"].tokens == 6
+    assert cells["code"].outputs == [[10, 5], [11, 5]]
+    assert runs["none"][0]["code"].verify_steps == 12  # no spec_verify_ct: one step per token
