@@ -59,7 +59,8 @@ def _setup(bs, seq_lens, H, Hkv, D, pool=256, seed=0, layout="scattered"):
 
 
 @pytest.mark.parametrize("layout", ["scattered", "runs"])
-@pytest.mark.parametrize("H,Hkv,window,cap,use_sink", [(4, 2, 0, 0.0, False), (4, 2, 10, 0.0, False), (6, 2, 5, 30.0, True), (2, 2, 0, 0.0, True)])
+@pytest.mark.parametrize("H,Hkv,window,cap,use_sink",
+                         [(4, 2, 0, 0.0, False), (4, 2, 10, 0.0, False), (6, 2, 5, 30.0, True), (2, 2, 0, 0.0, True)])
 def test_decode_attention_matches_reference(H, Hkv, window, cap, use_sink, layout):
     """The fused path (no cap or sink; a window only shortens the keys: 10 against 14) and the masked one."""
     D, bs = 8, 3

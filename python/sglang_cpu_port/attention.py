@@ -129,6 +129,11 @@ def _request_rows(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, st
             for b, (first, n, run) in enumerate(zip(firsts, ends, runs))]
 
 
+# New tokens an extend folds (a verify's tree, a draft extend): its mask is G rows per token, so a long
+# prefill chunk after a cached prefix keeps the general path's [E, L] mask instead.
+FOLD_ROWS = 64
+
+
 def _fused(logit_cap: float, sinks: Optional[torch.Tensor]) -> bool:
     """Whether :func:`attend_folded` computes these heads: no soft cap, no sink logits."""
     return logit_cap <= 0 and sinks is None
@@ -241,9 +246,9 @@ def extend_attention_cpu(
     ``k_extend = None``). ``tree_mask`` (QLEN layout, bool ``[bs * E * E]`` with E the uniform
     extend length) replaces the causal rule among the extend tokens; prefix keys stay visible.
     Where no key falls out of a sliding window and there is no soft cap or sink, a verify or an
-    extend after a cached prefix runs :func:`attend_folded` (the prefix all visible, the tree or
-    causal rule among the new tokens); a prefill from position 0, torch's fused causal kernel;
-    everything else the general :func:`attend`.
+    extend of up to :data:`FOLD_ROWS` tokens after a cached prefix runs :func:`attend_folded` (the
+    prefix all visible, the tree or causal rule among the new tokens); a prefill from position 0,
+    torch's fused causal kernel; everything else the general :func:`attend`.
     """
     bs = seq_lens.shape[0]
     seq, exts, q0s = seq_lens.tolist(), extend_seq_lens.tolist(), extend_start_loc.tolist()
@@ -265,7 +270,7 @@ def extend_attention_cpu(
         num_keys = ends[b] - starts[b]
         tm = tree_mask.view(-1, ext, ext)[b] if tree_mask is not None else None  # [E, E] ancestor-or-self
         windowless = sliding_window_size <= 0 or seq_len <= sliding_window_size
-        if (is_causal and not is_cross_attn and windowless and _fused(logit_cap, sinks)
+        if (is_causal and not is_cross_attn and windowless and _fused(logit_cap, sinks) and ext <= FOLD_ROWS
                 and (prefix > 0 or tm is not None)):
             visible = torch.ones(ext, num_keys, dtype=torch.bool)
             visible[:, prefix:] = tm if tm is not None else visible[:, prefix:].tril()
