@@ -90,11 +90,12 @@ def test_decode_attention_matches_reference(H, Hkv, window, cap, use_sink, layou
 @pytest.mark.parametrize("layout", ["scattered", "runs"])
 @pytest.mark.parametrize("tree", [False, True])
 @pytest.mark.parametrize("window", [0, 4, 16])
-def test_extend_attention_matches_reference(tree, layout, window):
+@pytest.mark.parametrize("E", [1, 5])
+def test_extend_attention_matches_reference(tree, layout, window, E):
     """Both paths: the prefix and the new tokens apart, merged by their log-sum-exps (no window, or
     one of 16 that no key falls out of) and the masked path (a window of 4, as Gemma's
-    sliding-window layers take)."""
-    H, Hkv, D, bs, E = 4, 2, 8, 2, 5
+    sliding-window layers take); one new token (a plain step's root) and five."""
+    H, Hkv, D, bs = 4, 2, 8, 2
     prefix = [7, 3]
     seq_lens = [p + E for p in prefix]
     g, k_buf, v_buf, r2t, rpi = _setup(bs, seq_lens, H, Hkv, D, seed=1, layout=layout)

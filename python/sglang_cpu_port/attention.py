@@ -272,8 +272,10 @@ def extend_attention_cpu(
         windowless = sliding_window_size <= 0 or seq_len <= sliding_window_size
         if (is_causal and not is_cross_attn and windowless and _fused(logit_cap, sinks) and ext <= FOLD_ROWS
                 and (prefix > 0 or tm is not None)):
-            visible = torch.ones(ext, num_keys, dtype=torch.bool)
-            visible[:, prefix:] = tm if tm is not None else visible[:, prefix:].tril()
+            visible = None  # one new token sees every key (a plain step's root)
+            if ext > 1:
+                visible = torch.ones(ext, num_keys, dtype=torch.bool)
+                visible[:, prefix:] = tm if tm is not None else visible[:, prefix:].tril()
             o_extend[q0 : q0 + ext] = attend_folded(q, k, v, visible, sm_scale).to(o_extend.dtype)
             continue
         if is_cross_attn or not is_causal:
