@@ -6,6 +6,10 @@ from memory as in serving, and the 49152 x 576 lm_head), for 1 to 256 rows, one 
 per forward, the median of ``--repeats``.
 
     OMP_NUM_THREADS=1 python benchmark/linear_rows.py
+
+``--python-loops`` adds the kernels driven from Python, a call per row block and chunk of tiles (as
+before the loops moved into the compiled driver, ``gemm_ir.driver_ir``); the products take turns
+within each repeat, so a machine's drift moves them alike.
 """
 
 from __future__ import annotations
@@ -17,32 +21,60 @@ import time
 
 import torch
 
+from sglang_cpu_port import gemm_ir
 from sglang_cpu_port.linear import MAX_ROWS, rows_linear
 
 SMOLLM2 = {"layers": 30, "hidden": 576, "qkv": 960, "intermediate": 1536, "vocab": 49152}
 
 
-def forward_ms(product, weights, lm_head, rows: int, hidden: int, intermediate: int, repeats: int) -> float:
+def forward_ms(products: dict, weights, lm_head, rows: int, hidden: int, intermediate: int,
+               repeats: int) -> dict:
+    """Median ms of one forward's linears per product, the products taking turns in each repeat."""
     x, x_mlp = torch.randn(rows, hidden), torch.randn(rows, intermediate)
 
-    def once():
+    def once(product):
         for qkv, o, gate_up, down in weights:
             product(x, qkv), product(x, o), product(x, gate_up), product(x_mlp, down)
         product(x, lm_head)
 
-    once()
-    times = []
+    times = {name: [] for name in products}
+    for name, product in products.items():
+        once(product)
     for _ in range(repeats):
-        start = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+        for name, product in products.items():
+            start = time.perf_counter()
+            once(product)
+            times[name].append(time.perf_counter() - start)
+    return {name: round(1e3 * statistics.median(t), 1) for name, t in times.items()}
+
+
+def python_loop_product(kern, x_ptr, ldx, rows, packed_ptr, tiles, depth, out_ptr, ldo) -> None:
+    """``gemm_ir.product`` with its loops in Python: a call per row block and chunk of tiles."""
+    tile = kern.tile
+    chunk = tiles if rows <= kern.max_block else max(1, gemm_ir.CHUNK_BYTES // (4 * depth * tile))
+    for start in range(0, tiles, chunk):
+        count = min(chunk, tiles - start)
+        for done in range(0, rows, kern.max_block):
+            block = min(kern.max_block, rows - done)
+            kern.by_rows[block](x_ptr + 4 * done * ldx, ldx, packed_ptr + 4 * start * depth * tile, count, depth,
+                                out_ptr + 4 * (done * ldo + start * tile), ldo)
+
+
+def python_loops(x, weight):
+    """:func:`rows_linear` through :func:`python_loop_product`."""
+    compiled = gemm_ir.product
+    gemm_ir.product = python_loop_product
+    try:
+        return rows_linear(x, weight)
+    finally:
+        gemm_ir.product = compiled
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 32, 64, 128, 256])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--python-loops", action="store_true", help="add the kernels driven from Python")
     args = ap.parse_args()
     torch.set_num_threads(1)
     m = SMOLLM2
@@ -51,13 +83,14 @@ def main() -> None:
                for _ in range(m["layers"])]
     lm_head = torch.randn(m["vocab"], h)
     products = {"torch": torch.nn.functional.linear, "kernels": rows_linear}
-    print("| rows | torch x @ W^T ms | kernels ms |\n|---|---|---|")
+    if args.python_loops:
+        products["kernels, loops in Python"] = python_loops
+    print("| rows | " + " | ".join(f"{name} ms" for name in products) + " |\n|---|" + "---|" * len(products))
     report = {}
     for rows in args.rows:
         assert rows <= MAX_ROWS, f"the kernels take at most {MAX_ROWS} rows"
-        report[rows] = {name: round(forward_ms(p, weights, lm_head, rows, h, i, args.repeats), 1)
-                        for name, p in products.items()}
-        print(f"| {rows} | {report[rows]['torch']} | {report[rows]['kernels']} |", flush=True)
+        report[rows] = forward_ms(products, weights, lm_head, rows, h, i, args.repeats)
+        print(f"| {rows} | " + " | ".join(str(report[rows][name]) for name in products) + " |", flush=True)
     print(json.dumps(report))
 
 

@@ -40,6 +40,8 @@ CHUNK_BYTES = 1 << 19  # packed weights every row block reads in turn while they
 
 _PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
+_DRIVER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
 
 def kernel_ir(rows: int, name: str, lanes: int = 16, vecs: int = 2, tile: int = TILE) -> str:
@@ -90,6 +92,42 @@ def kernel_ir(rows: int, name: str, lanes: int = 16, vecs: int = 2, tile: int = 
     return "\n".join(ir)
 
 
+def driver_ir(max_block: int, tile: int, name: str = "product") -> str:
+    """LLVM IR of ``void name(x, ldx, rows, w_packed, tiles, K, out, ldo, chunk)``: :func:`product`'s
+    loops in one call (``rows >= 1``, ``chunk >= 1`` tiles): for each chunk of tiles, the row blocks of
+    up to ``max_block`` rows in turn, each through ``rows{block}`` of :func:`kernel_ir`. A call from
+    Python costs a few microseconds, and in L2-sized chunks a forward of SmolLM2-135M's linears takes
+    about 1,700 block calls at 8 rows, so the loops run here (``benchmark/linear_rows.py
+    --python-loops``).
+
+    ``rows`` is split into blocks in order: ``max_block`` rows while more remain, then the rest, so
+    the blocks (and each row's chain of fused multiply-adds) are those of a Python loop over them."""
+    cases = " ".join(f"i64 {b}, label %b{b}" for b in range(2, max_block + 1))
+    ir = [f"define void @{name}(float* %x, i64 %ldx, i64 %rows, float* %w, i64 %tiles, i64 %K, "
+          "float* %out, i64 %ldo, i64 %per) #0 {",
+          "entry:", "  br label %chunk",
+          "chunk:", "  %start = phi i64 [0, %entry], [%next, %cend]",
+          "  %left = sub i64 %tiles, %start", "  %short = icmp slt i64 %left, %per",
+          "  %count = select i1 %short, i64 %left, i64 %per",
+          "  %wo0 = mul i64 %start, %K", f"  %wo = mul i64 %wo0, {tile}",
+          "  %wp = getelementptr float, float* %w, i64 %wo", f"  %oc = mul i64 %start, {tile}",
+          "  br label %block",
+          "block:", "  %done = phi i64 [0, %chunk], " + ", ".join(f"[%dn{b}, %b{b}]" for b in range(1, max_block + 1)),
+          "  %rest = sub i64 %rows, %done", f"  %full = icmp sgt i64 %rest, {max_block}",
+          f"  %bs = select i1 %full, i64 {max_block}, i64 %rest",
+          "  %xo = mul i64 %done, %ldx", "  %xp = getelementptr float, float* %x, i64 %xo",
+          "  %oo0 = mul i64 %done, %ldo", "  %oo = add i64 %oo0, %oc", "  %op = getelementptr float, float* %out, i64 %oo",
+          f"  switch i64 %bs, label %b1 [{cases}]"]
+    for b in range(1, max_block + 1):
+        ir += [f"b{b}:",
+               f"  call void @rows{b}(float* %xp, i64 %ldx, float* %wp, i64 %count, i64 %K, float* %op, i64 %ldo)",
+               f"  %dn{b} = add i64 %done, {b}", f"  %bd{b} = icmp sge i64 %dn{b}, %rows",
+               f"  br i1 %bd{b}, label %cend, label %block"]
+    ir += ["cend:", "  %next = add i64 %start, %count", "  %cd = icmp sge i64 %next, %tiles",
+           "  br i1 %cd, label %exit, label %chunk", "exit:", "  ret void", "}"]
+    return "\n".join(ir)
+
+
 class _Kernels:
     """The compiled kernels for 1 .. ``max_block`` rows and the packed ``tile`` width they read (kept
     alive with their engine): with AVX-512, tiles of 32 columns in two 16-lane vectors and blocks of
@@ -115,7 +153,8 @@ class _Kernels:
              f"<{lanes} x float>)",
              f'attributes #0 = {{ nounwind "prefer-vector-width"="{32 * lanes}" }}']
             + [kernel_ir(rows, f"rows{rows}", lanes=lanes, vecs=self.tile // lanes, tile=self.tile)
-               for rows in range(1, self.max_block + 1)])
+               for rows in range(1, self.max_block + 1)]
+            + [driver_ir(self.max_block, self.tile)])
         machine = llvm.Target.from_default_triple().create_target_machine(
             cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=3)
         parsed = llvm.parse_assembly(module)
@@ -125,6 +164,7 @@ class _Kernels:
         self._module, self._machine = parsed, machine
         self.by_rows: Dict[int, ctypes._CFuncPtr] = {
             rows: _PROTO(self._engine.get_function_address(f"rows{rows}")) for rows in range(1, self.max_block + 1)}
+        self.product = _DRIVER(self._engine.get_function_address("product"))
 
     def assembly(self) -> str:
         """The host code the kernels compiled to (for inspection)."""
@@ -173,17 +213,7 @@ def product(kern: _Kernels, x_ptr: int, ldx: int, rows: int, packed_ptr: int, ti
     about :data:`CHUNK_BYTES`, every block over one chunk before the next, so the weights stream from
     memory once and the later blocks read them from L2. Worked example (AVX2, 6 rows, ``K`` = 576, one
     tile 54 KiB, so 9 tiles a chunk): for each chunk, rows 0-3 then rows 4-5 over the chunk's tiles.
+    The loops run in one compiled call (:func:`driver_ir`).
     """
-    tile = kern.tile
-    chunk = tiles if rows <= kern.max_block else max(1, CHUNK_BYTES // (4 * depth * tile))
-    start = 0
-    while start < tiles:
-        count = min(chunk, tiles - start)
-        w_ptr = packed_ptr + 4 * start * depth * tile
-        done = 0
-        while done < rows:
-            block = min(kern.max_block, rows - done)
-            kern.by_rows[block](x_ptr + 4 * done * ldx, ldx, w_ptr, count, depth,
-                                out_ptr + 4 * (done * ldo + start * tile), ldo)
-            done += block
-        start += count
+    chunk = tiles if rows <= kern.max_block else max(1, CHUNK_BYTES // (4 * depth * kern.tile))
+    kern.product(x_ptr, ldx, rows, packed_ptr, tiles, depth, out_ptr, ldo, chunk)
