@@ -82,9 +82,18 @@ class StoreSource(RetrievalSource):
             self.store.free(rid)
 
     def warm_up(self) -> None:
-        """Compile the store's numba kernels now rather than inside the first request."""
-        self.store.create(WARMUP_RID, [1, 2, 3, 1, 2])
-        self.store.extend(WARMUP_RID, [3])
+        """Compile the store's numba kernels now rather than inside the first requests (a few
+        seconds of compiling, or of loading cached code, that would stall a served step): a short
+        match (the n-gram fallback), a context outgrowing a fresh index's first capacity (the
+        automaton's rehash), and a match of ``min_match_len`` tokens or more (the automaton's own
+        proposal walk). Worked example (``min_match_len`` 4): ``1..8``, then ``1 2`` (a 2-token
+        match), then 300 new tokens, then ``1..8`` again (an 8-token match)."""
+        pattern = list(range(1, max(9, self.store.min_match_len + 2)))
+        self.store.create(WARMUP_RID, pattern)
+        self.store.extend(WARMUP_RID, pattern[:2])
+        self.store.propose([WARMUP_RID], self.max_depth, self.num_nodes - 1)
+        self.store.extend(WARMUP_RID, range(len(pattern) + 1, len(pattern) + 301))
+        self.store.extend(WARMUP_RID, pattern)
         self.store.propose([WARMUP_RID], self.max_depth, self.num_nodes - 1)
         self.store.free(WARMUP_RID)
 
