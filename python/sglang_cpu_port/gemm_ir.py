@@ -97,7 +97,7 @@ def driver_ir(max_block: int, tile: int, name: str = "product") -> str:
     loops in one call (``rows >= 1``, ``chunk >= 1`` tiles): for each chunk of tiles, the row blocks of
     up to ``max_block`` rows in turn, each through ``rows{block}`` of :func:`kernel_ir`. A call from
     Python costs a few microseconds, and in L2-sized chunks a forward of SmolLM2-135M's linears takes
-    about 1,700 block calls at 8 rows, so the loops run here (``benchmark/linear_rows.py
+    about 2,300 block calls at 8 rows, so the loops run here (``benchmark/linear_rows.py
     --python-loops``).
 
     ``rows`` is split into blocks in order: ``max_block`` rows while more remain, then the rest, so
