@@ -117,6 +117,7 @@ def state(stepper) -> dict:
     out = dict(stepper.as_dict())
     out.pop("step_time", None)
     out.pop("step_time_by_kind", None)  # wall times too
+    out.pop("rate_guard", None)  # tokens per wall second
     return out
 
 

@@ -638,3 +638,54 @@ def test_a_speculative_step_after_plain_plan_reads_the_host_once_at_depth_zero(m
     deeper = chain_pool(torch.tensor([[5, 6]]), torch.tensor([[0.5, 0.4]]))
     s.keep_drafting(plan, deeper)
     assert reads.taken() == 1
+
+
+def test_rate_guard_judges_a_bucket_by_realized_tokens_per_second():
+    """A bucket is judged once both kinds have ``min_steps`` timed steps: speculation loses where its
+    steps committed fewer tokens per second than plain steps (53 x (6 tokens, 0.12 s) against
+    136 x (13 tokens, 0.31 s): 50.0 against 41.9); buckets are apart; a rank-summing collective
+    (two identical ranks) leaves the decisions as they are."""
+    from sglang_graft.engine.rate_guard import RateGuard
+
+    def fill(guard, bs, plain, tokens, seconds, n):
+        for _ in range(n):
+            guard.observe(bs=bs, plain=plain, committed=tokens, seconds=seconds)
+
+    for collective in (None, lambda t: t.mul_(2)):
+        g = RateGuard(window=32, min_steps=8)
+        fill(g, 6, True, 6, 0.12, 53)
+        fill(g, 5, False, 13, 0.31, 7)
+        g.publish(collective)
+        assert not g.speculation_loses(6)  # 7 speculative steps: not judged yet
+        fill(g, 5, False, 13, 0.31, 129)
+        g.publish(collective)
+        assert g.speculation_loses(4) and g.speculation_loses(7)  # bucket bs 4-7
+        assert not g.speculation_loses(8) and not g.speculation_loses(3)
+        assert g.as_dict() == {"bs4": {"plain": 50.0, "speculative": 41.94}}
+        fill(g, 12, True, 12, 0.2, 8)  # bs 8-15: speculation pays there
+        fill(g, 12, False, 30, 0.4, 8)
+        g.publish(collective)
+        assert not g.speculation_loses(12) and g.speculation_loses(5)
+
+
+def test_a_step_is_plain_where_speculation_realized_less():
+    """The stepper plains a step, before valuing anything, in a batch-size bucket whose speculative
+    steps committed fewer tokens per second than its plain ones (the worker's committed counts,
+    the timer's seconds), counts it as guarded, and speculates again where they did not."""
+    s = _stepper("cost", topk=1)  # plain steps batched: bs >= 2
+    _teach_costs(s, {1: 1.0, 2: 1.5, 4: 2.5, 8: 4.0}, pass_s=2.0)
+    plan, pool = _first_level_step(s, draft_p=0.95, bs=2)
+    assert s.plain_plan(plan, pool) is None  # a confident draft speculates
+    for _ in range(s.rate_guard.min_steps):
+        s.rate_guard.observe(bs=2, plain=True, committed=2, seconds=0.1)
+        s.rate_guard.observe(bs=3, plain=False, committed=4, seconds=0.3)
+    s.rate_guard.publish()
+    plan, pool = _first_level_step(s, draft_p=0.95, bs=2)
+    plain = s.plain_plan(plan, pool)
+    assert isinstance(plain, PlainPlan) and plain.guarded and plain.num_nodes == 1
+    plain.committed = 2
+    s.end_step(plain, 2)
+    assert s.stats.guarded_steps == 1 and s.stats.plain_steps == 1
+    assert s.as_dict()["rate_guard"] == {"bs2": {"plain": 20.0, "speculative": 13.33}}
+    plan, pool = _first_level_step(s, draft_p=0.95, bs=4)  # another bucket: not judged
+    assert s.plain_plan(plan, pool) is None

@@ -41,7 +41,11 @@ def _engine() -> Engine:
 
     return Engine(make_retrieval=GraftRetrieval, make_stepper=GraftStepper,
                   classes={"GraftConfig": _config, "DraftPool": DraftPool, "RetrievalProposals": RetrievalProposals,
-                           "LaggedEntry": LaggedEntry, "HostOutcome": HostOutcome, "StepOutcome": StepOutcome})
+                           "LaggedEntry": LaggedEntry, "HostOutcome": HostOutcome, "StepOutcome": StepOutcome},
+                  # the rate guard's inputs, recorded after these traces: a plan's committed tokens (set by
+                  # the worker, which the replay does not run), whether a plain step was the guard's
+                  added={"StepPlan": ("committed",), "PlainPlan": ("guarded", "committed")}, timer_added=(None,),
+                  final_state=lambda stepper: {k: v for k, v in state(stepper).items() if k != "guarded_steps"})
 
 
 def test_traces_are_present():

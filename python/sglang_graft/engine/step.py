@@ -47,6 +47,7 @@ from sglang_graft.engine.budget import (
 from sglang_graft.config import GraftConfig
 from sglang_graft.graphs import capture_count
 from sglang_graft.engine.lagged import LaggedEntry
+from sglang_graft.engine.rate_guard import RateGuard
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.tree_graph import POISON_ENV, TreeGraphs
 from sglang_graft.tree import (
@@ -83,6 +84,7 @@ class StepPlan:
     expected_rows: Optional[torch.Tensor] = None  # [bs, budgets] expected tokens per budget (cost mode)
     expected: Optional[float] = None  # host: the batch's expected tokens at the chosen budget (not sync-free)
     context: int = 0  # host: tokens of context in the batch (sum over its requests), which the cost model prices
+    committed: Optional[int] = None  # host: tokens the step committed, once known (not sync-free)
 
 
 @dataclass
@@ -99,6 +101,8 @@ class PlainPlan:
     num_nodes: int = 1
     passes: int = 0
     context: int = 0  # host: tokens of context in the batch
+    guarded: bool = False  # plain because speculation realized fewer tokens per second (RateGuard)
+    committed: Optional[int] = None  # host: tokens the step committed (one per request), once known
 
 
 @dataclass
@@ -109,6 +113,7 @@ class StepStats:
     draft_passes: int = 0
     skipped_drafts: int = 0  # steps with no draft pass at all
     plain_steps: int = 0  # steps decided plain (N = 1, a decode step: no draft pass, no tree)
+    guarded_steps: int = 0  # plain steps among them decided by the rate guard
     budget_histogram: Counter = field(default_factory=Counter)
     # cost-aware steps whose outcome is known: tokens the chosen budget expected, tokens committed
     checked_steps: int = 0
@@ -141,6 +146,7 @@ class StepStats:
         return {"steps": self.steps, "draft_passes": self.draft_passes,
                 "mean_draft_passes": self.draft_passes / self.steps if self.steps else 0.0,
                 "skipped_drafts": self.skipped_drafts, "plain_steps": self.plain_steps,
+                "guarded_steps": self.guarded_steps,
                 "budget_histogram": {str(k): v for k, v in sorted(self.budget_histogram.items())},
                 "expected_vs_committed": {"steps": n, "expected_per_step": self.expected_tokens / n if n else 0.0,
                                           "committed_per_step": self.committed_tokens / n if n else 0.0},
@@ -175,6 +181,7 @@ class GraftStepper:
         self.device = device
         self.calibration = AcceptanceCalibration(device, sources=retrieval.sources)
         self.cost = StepCost(self.budgets)
+        self.rate_guard = RateGuard()
         self.all_reduce_sum = all_reduce_sum  # sums a CPU tensor over the tensor-parallel ranks, or None
         self.timer = StepTimer(device)
         self.stats = StepStats()
@@ -383,7 +390,9 @@ class GraftStepper:
         fixed part), has the most expected tokens per second among the budgets, and one more
         draft level would not raise the best rate (:meth:`_deeper_pays`). An exploring step for
         ``N = 1`` is plain, one for another budget speculative. One host read. With plain steps
-        ``batched`` (the default), a batch of one request is never plain.
+        ``batched`` (the default), a batch of one request is never plain. A step whose batch-size
+        bucket's speculative steps realized fewer tokens per second than its plain ones
+        (:class:`RateGuard`) is plain without valuing anything.
 
         Example (plain steps ``on``): bs 1, a draft whose first level is unsure (path score 0.2,
         calibrated 0.15) and no retrieved continuation: ``N = 1`` expects 1 token in 0.10 s,
@@ -396,6 +405,8 @@ class GraftStepper:
         if plan.explore:
             return PlainPlan(plan.rids, explore=True, context=plan.context) if plan.explore_k == 0 else None
         bs = len(plan.rids)
+        if self.rate_guard.speculation_loses(bs):
+            return PlainPlan(plan.rids, context=plan.context, guarded=True)
         self._check_levels(plan, pool, pool.num_steps - 1)
         e_now, e_later = self._expectations(plan, pool)  # host read
         deeper = self._deeper_pays_given(plan, e_now, e_later)
@@ -499,18 +510,22 @@ class GraftStepper:
         # a step that captured a graph (--speculative-graft-graph) timed the capture: not a cost sample
         self._captured.append(capture_count() != self._captures)  # one per step the timer holds
         self._captures = capture_count()
-        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes, plain, plan.context))
+        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes, plain, plan.context,
+                                                             plan.committed))
         for phases, step in observed:
             captured = self._captured.popleft()
             if step is not None and not captured:
-                b, n, passes, was_plain, context = step
+                b, n, passes, was_plain, context, tokens = step
                 self.stats.time(was_plain, b, phases)
+                if tokens is not None:
+                    self.rate_guard.observe(bs=b, plain=was_plain, committed=tokens, seconds=sum(phases.values()))
                 self.cost.observe(bs=b, num_nodes=n, verify_s=phases["verify"] + phases["draft_extend"],
                                   passes=passes, draft_s=phases["draft"], context=context,
                                   fixed_s=None if was_plain else phases["retrieval"] + phases["tree"] + phases["other"])
         if plan is None:
             return
         self.stats.plain_steps += plain
+        self.stats.guarded_steps += plain and plan.guarded
         self.stats.steps += 1
         self.stats.draft_passes += plan.passes
         self.stats.skipped_drafts += plan.passes == 0
@@ -518,9 +533,11 @@ class GraftStepper:
         if self.stats.steps <= len(self.budgets) or self.stats.steps % self.PUBLISH_EVERY == 1:
             # the same steps on every rank: decisions read the published (rank-averaged) table
             self.cost.publish(self.all_reduce_sum)
+            self.rate_guard.publish(self.all_reduce_sum)
 
     def as_dict(self) -> dict:
         return {**self.stats.as_dict(), "step_time": self.timer.as_dict(), "cost_model": self.cost.as_dict(),
+                "rate_guard": self.rate_guard.as_dict(),
                 "budgets": list(self.budgets), "budget_mode": self.cfg.budget_mode,
                 "calibration": self.calibration.as_dict()}
 

@@ -284,6 +284,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         """A plain step's one committed token per request -> stores (never sync-free: see
         ``GraftStepper.plain_plan``)."""
         rids = plain.rids
+        plain.committed = len(rids)
         self._verified = (plain, len(rids))
         self.retrieval.counters.plain_request_steps += len(rids)
         tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
@@ -324,8 +325,9 @@ class GraftWorkerV2(EAGLEWorkerV2):
             return
         host = outcome.to_host(blocking=True)  # one device-to-host copy for the batch
         self.retrieval.commit(rids, host.committed())
+        plan.committed = int(host.lengths.sum())
         if plan.expected is not None:
-            self.stepper.stats.check(plan.expected, int(host.lengths.sum()))
+            self.stepper.stats.check(plan.expected, plan.committed)
         self._count(host)
         lo = result.logits_output
         info_out = dict(lo.customized_info or {})

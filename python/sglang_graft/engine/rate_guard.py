@@ -1,0 +1,75 @@
+"""A check of the cost model against what steps realize: tokens per second of plain and speculative
+decode steps, by batch-size bucket.
+
+The cost model (:class:`sglang_graft.engine.budget.StepCost`) chooses a budget from predicted
+expected tokens and predicted seconds. Its token side is checked per step (expected against
+committed); its time side can be wrong by more than speculation gains: under load on a 2-core CPU,
+in batches of 4-7 requests, speculative steps committed 41 tokens per second against 53 for plain
+steps, while the model chose speculation in 71 % of steps (``benchmark/RESULTS.md``). The guard
+keeps, per batch-size bucket (powers of two, as the cost model's), the newest ``WINDOW`` timed steps
+of each kind as (tokens committed, seconds), and :meth:`speculation_loses` says when the bucket's
+speculative steps realized fewer tokens per second than its plain steps: a step in that bucket is
+then plain (exploring steps still measure every budget, so a bucket whose speculation starts to pay
+again is seen).
+
+Worked example: bucket of bs 4-7; plain steps 53 x (6 tokens, 0.12 s); speculative steps
+136 x (13 tokens, 0.31 s): 50.0 against 41.9 tokens per second, so speculation loses there.
+
+Rates are published at the steps the cost model publishes, summed over the tensor-parallel ranks
+(tokens are the same on every rank, seconds differ slightly), so every rank decides alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .budget import StepCost, _Rings
+
+__all__ = ["RateGuard"]
+
+
+class RateGuard:
+    """Realized tokens per second of plain (kind 0) and speculative (kind 1) steps per batch-size bucket."""
+
+    WINDOW = 32  # newest timed steps per bucket and kind
+    MIN_STEPS = 8  # steps of each kind a bucket needs before it is judged
+
+    def __init__(self, window: int = WINDOW, min_steps: int = MIN_STEPS) -> None:
+        self.window, self.min_steps = window, min_steps
+        self._rings = _Rings((StepCost.BUCKETS, 2), window, 2)  # (tokens, seconds)
+        self._rates: dict[tuple[int, int], float] = {}  # published: (bucket, kind) -> tokens per second
+
+    def observe(self, *, bs: int, plain: bool, committed: int, seconds: float) -> None:
+        """One timed decode step of ``bs`` requests that committed ``committed`` tokens in ``seconds``."""
+        if seconds > 0:
+            self._rings.add((StepCost.bucket(bs), 0 if plain else 1), (float(committed), float(seconds)))
+
+    def publish(self, all_reduce_sum=None) -> None:
+        """Make the rings' rates the ones :meth:`speculation_loses` reads; with ``all_reduce_sum`` (a
+        collective summing a CPU tensor in place over the tensor-parallel ranks), over every rank."""
+        sums = np.zeros((3, StepCost.BUCKETS, 2))  # tokens, seconds, steps (only cells every rank judged count)
+        for cell in self._rings.filled():
+            obs = self._rings.get(cell)
+            if len(obs) >= self.min_steps:
+                sums[:, cell[0], cell[1]] = obs[:, 0].sum(), obs[:, 1].sum(), 1.0
+        host = sums.ravel()
+        if all_reduce_sum is not None:
+            all_reduce_sum(torch.from_numpy(host))  # in place: the tensor shares the host array
+        tokens, seconds, seen = host.reshape(sums.shape)
+        self._rates = {(b, k): float(tokens[b, k] / seconds[b, k])
+                       for b, k in zip(*(i.tolist() for i in np.nonzero(seen))) if seconds[b, k] > 0}
+
+    def speculation_loses(self, bs: int) -> bool:
+        """Whether ``bs``'s bucket published both kinds' rates and speculative steps realized fewer
+        tokens per second than plain ones."""
+        b = StepCost.bucket(bs)
+        plain, speculative = self._rates.get((b, 0)), self._rates.get((b, 1))
+        return plain is not None and speculative is not None and speculative < plain
+
+    def as_dict(self) -> dict:
+        """``{"bs4": {"plain": tok/s, "speculative": tok/s}, ...}`` as published."""
+        out: dict = {}
+        for (b, k), rate in sorted(self._rates.items()):
+            out.setdefault(f"bs{2 ** b}", {})["plain" if k == 0 else "speculative"] = round(rate, 2)
+        return out
