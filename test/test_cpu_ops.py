@@ -196,17 +196,46 @@ def test_bonus_tokens_and_accept_cache_locs():
     assert out.tolist() == [0, 20, 40, 60, 70, 80]
 
 
-def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer():
+def _kv_move_reference(bufs, tgt, src):
+    out = [b.clone() for b in bufs]
+    for b, o in zip(bufs, out):
+        o[tgt] = b[src]  # gather first, then scatter
+    return out
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer(compiled, monkeypatch):
+    if not compiled:  # the torch copy that serves where the compiled move did not build
+        monkeypatch.setattr(kv_ops.kv_move_ir, "kernel", lambda: None)
+    else:
+        assert kv_ops.kv_move_ir.kernel() is not None, kv_ops.kv_move_ir._FAILED
     bufs = [torch.randn(20, 2, 4), torch.randn(20, 3, 2).to(torch.bfloat16)]
-    before = [b.clone() for b in bufs]
     ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64)
     strides = torch.tensor([b[0].numel() * b.element_size() for b in bufs], dtype=torch.int64)
     tgt, src = torch.tensor([1, 2, 3]), torch.tensor([10, 11, 19])
+    expect = _kv_move_reference(bufs, tgt, src)
     kv_ops.copy_all_layer_kv_cache_cpu(ptrs, strides, tgt, src)
-    for b, orig in zip(bufs, before):
-        expect = orig.clone()
-        expect[tgt] = orig[src]
-        assert torch.equal(b, expect)
+    for b, e in zip(bufs, expect):
+        assert torch.equal(b, e)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(2, 40), widths=st.lists(st.integers(1, 48), min_size=1, max_size=4),
+       n=st.integers(1, 12), seed=st.integers(0, 2 ** 16))
+def test_compiled_kv_move_is_the_gather_then_scatter(rows, widths, n, seed):
+    """Random buffers of different row widths; targets distinct (as SGLang's accepted slots are) and
+    free to be other rows' sources: the compiled move equals gather-then-scatter, byte for byte."""
+    g = torch.Generator().manual_seed(seed)
+    n = min(n, rows)
+    bufs = [torch.randint(0, 256, (rows, w), dtype=torch.uint8, generator=g) for w in widths]
+    tgt = torch.randperm(rows, generator=g)[:n]
+    src = torch.randint(0, rows, (n,), generator=g)
+    expect = _kv_move_reference(bufs, tgt, src)
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+    strides = torch.tensor(widths, dtype=torch.int64)
+    assert kv_ops.kv_move_ir.move_rows(ptrs, strides, tgt, src)
+    for b, e in zip(bufs, expect):
+        assert torch.equal(b, e)
 
 
 def test_standin_serves_sgl_kernel_and_names_missing_ops_at_call_time():

@@ -30,6 +30,8 @@ import logging
 import threading
 from typing import Dict, Optional
 
+from sglang_cpu_port.llvm_jit import Compiled
+
 logger = logging.getLogger(__name__)
 
 TILE = 32  # AVX-512: output columns per packed tile, two 16-lane vectors
@@ -155,20 +157,14 @@ class _Kernels:
             + [kernel_ir(rows, f"rows{rows}", lanes=lanes, vecs=self.tile // lanes, tile=self.tile)
                for rows in range(1, self.max_block + 1)]
             + [driver_ir(self.max_block, self.tile)])
-        machine = llvm.Target.from_default_triple().create_target_machine(
-            cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=3)
-        parsed = llvm.parse_assembly(module)
-        parsed.verify()
-        self._engine = llvm.create_mcjit_compiler(parsed, machine)
-        self._engine.finalize_object()
-        self._module, self._machine = parsed, machine
+        self._compiled = Compiled(module)
         self.by_rows: Dict[int, ctypes._CFuncPtr] = {
-            rows: _PROTO(self._engine.get_function_address(f"rows{rows}")) for rows in range(1, self.max_block + 1)}
-        self.product = _DRIVER(self._engine.get_function_address("product"))
+            rows: _PROTO(self._compiled.address(f"rows{rows}")) for rows in range(1, self.max_block + 1)}
+        self.product = _DRIVER(self._compiled.address("product"))
 
     def assembly(self) -> str:
         """The host code the kernels compiled to (for inspection)."""
-        return self._machine.emit_assembly(self._module)
+        return self._compiled.assembly()
 
 
 _LOCK = threading.Lock()

@@ -13,6 +13,8 @@ from typing import Optional
 
 import torch
 
+from sglang_cpu_port import kv_move_ir
+
 
 def _segment_positions(start: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For segments [start[i], end[i]): (segment id, position) of every element, in order."""
@@ -136,10 +138,13 @@ def copy_all_layer_kv_cache_cpu(
     """For every KV buffer (base pointer ``data_ptrs[j]``, ``strides[j]`` bytes per token slot),
     copy slot ``src_loc[i]`` to slot ``tgt_loc[i]``.
 
-    The buffers are only known by address here (the Triton kernel gets the same), so each one
-    is viewed as a ``[rows, stride]`` byte tensor covering the highest slot touched.
+    The buffers are only known by address here (the Triton kernel gets the same): one compiled call
+    moves every row (:mod:`sglang_cpu_port.kv_move_ir`); where it did not compile, each buffer is
+    viewed as a ``[rows, stride]`` byte tensor covering the highest slot touched.
     """
-    if tgt_loc.numel() == 0:
+    if tgt_loc.numel() == 0 or data_ptrs.numel() == 0:
+        return
+    if kv_move_ir.move_rows(data_ptrs, strides, tgt_loc, src_loc):
         return
     src = src_loc.to(torch.int64)
     tgt = tgt_loc.to(torch.int64)
