@@ -221,7 +221,8 @@ def install(path: str) -> None:
     from sglang_graft.engine.budget import StepTimer
     from sglang_graft.engine.lagged import CommitRing
     from sglang_graft.engine.retrieval_state import GraftRetrieval
-    from sglang_graft.engine.step import GraftStepper, StepStats
+    from sglang_graft.engine.plans import StepStats
+    from sglang_graft.engine.step import GraftStepper
 
     rec = _Recorder(path)
     _wrap_init(rec, GraftRetrieval, "retrieval")

@@ -249,7 +249,7 @@ def test_a_plain_step_runs_no_draft_pass_or_tree():
     draft's first level): the roots alone as a one-node verify input (positions ``seq_lens``, no
     links); the draft runner and the tree builder are never called. The stepper is asked with the
     first-level pool in the target vocabulary (the head's ``hot_token_id`` map applied)."""
-    from sglang_graft.engine.step import PlainPlan
+    from sglang_graft.engine.plans import PlainPlan
     from sglang_graft.sglang.draft_worker import GraftDraftWorker
 
     def never(*a, **k):

@@ -14,7 +14,8 @@ from sglang_graft.engine.budget import (AcceptanceCalibration, StepCost, choose_
                                         fit_context_slope, path_values)
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.retrieval_state import GraftRetrieval
-from sglang_graft.engine.step import GraftStepper, PlainPlan
+from sglang_graft.engine.plans import PlainPlan
+from sglang_graft.engine.step import GraftStepper
 from sglang_graft.retrieval import RecycleSource, StoreSource
 from sglang_graft.tree import chain_pool
 from test_tree_support import random_pool
@@ -578,7 +579,7 @@ def test_no_plain_step_where_plain_steps_cannot_be_decided():
 
 
 def test_a_plain_step_is_priced_and_measured_without_retrieval_or_tree_work():
-    from sglang_graft.engine.step import PlainPlan
+    from sglang_graft.engine.plans import PlainPlan
 
     s = _stepper("cost")
     _teach_costs(s, {1: 0.05, 8: 0.06}, pass_s=0.001)  # fixed part: 0.001 per step

@@ -1,7 +1,8 @@
 """GRAFT's engine: the per-step decisions and the state they learn from, SGLang-free.
 
 * ``step``: :class:`~sglang_graft.engine.step.GraftStepper`, a decode step's decisions (draft
-  depth, verify budget, tree) and their plan;
+  depth, verify budget, tree);
+* ``plans``: what they fill in (a speculative or a plain step's plan) and the step economy's counters;
 * ``retrieval_state``: each request's retrieval stores and the recycling matrix, fed by the worker;
 * ``budget``: the acceptance calibration, the step cost model and the budget rule;
 * ``lagged``: the sync-free step's commit ring (results reach the host two calls later);

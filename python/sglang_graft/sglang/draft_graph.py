@@ -57,7 +57,7 @@ from typing import Optional
 
 import torch
 
-from sglang_graft.engine.step import StepPlan
+from sglang_graft.engine.plans import StepPlan
 from sglang_graft.graphs import GraphCache, batch_bucket, copy_rows_, pad_rows
 from sglang_graft.sglang import seams
 from sglang_graft.sglang.draft_runner import DraftRecorder, Drafted, EagerDraftRunner

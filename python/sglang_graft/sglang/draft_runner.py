@@ -25,7 +25,8 @@ from typing import Any, Callable, Optional, Protocol
 
 import torch
 
-from sglang_graft.engine.step import GraftStepper, StepPlan
+from sglang_graft.engine.plans import StepPlan
+from sglang_graft.engine.step import GraftStepper
 from sglang_graft.sglang import seams
 from sglang_graft.tree import DraftPool, chain_pool, draft_pool_from_sglang
 

@@ -24,7 +24,8 @@ from sglang_graft.sglang.draft_graph import CapturedDraftRunner
 from sglang_graft.sglang.draft_runner import DraftRunner, EagerDraftRunner, first_level_pool, max_prob
 from sglang_graft.engine.draft_lag import DraftLag
 from sglang_graft.engine.retrieval_state import GraftRetrieval, NotAdmittedError
-from sglang_graft.engine.step import GraftStepper, PlainPlan, StepPlan
+from sglang_graft.engine.plans import PlainPlan, StepPlan
+from sglang_graft.engine.step import GraftStepper
 from sglang_graft.engine.tp_check import TreeHashCheck
 from sglang_graft.tree import (
     DraftPool, TreeMaskMode, encode_tree_mask, from_host,

@@ -54,7 +54,8 @@ from sglang_graft.sglang.draft_worker import (
 )
 from sglang_graft.engine.draft_lag import DraftLag
 from sglang_graft.engine.retrieval_state import GraftRetrieval
-from sglang_graft.engine.step import GraftStepper, PlainPlan, StepPlan
+from sglang_graft.engine.plans import PlainPlan, StepPlan
+from sglang_graft.engine.step import GraftStepper
 from sglang_graft.engine.tp_check import TreeHashCheck
 from sglang_graft.tree import HostReadCounter, warm_up_graft_kernels
 
