@@ -1,0 +1,166 @@
+"""Where a decode step's time goes, per method, sampled while the methods take turns.
+
+Every method's server is up at once (idle ones sleep, ``--sleep-on-idle``) and ``py-spy record``
+samples each for the whole run; each prompt is served by each method in turn, one request at a
+time (batch 1), so a machine whose speed drifts moves every method alike. The samples of each
+server are sorted by what they were inside of, and reported as milliseconds per decode step
+(samples x sampling interval / decode steps; a step commits ``tau`` tokens):
+
+* ``prefill``: the prompt's forward (and the draft's, for the speculative methods);
+* ``target forward`` (a verify's for the speculative methods, a decode's for ``none``), split into
+  its ``linear`` layers (the CPU port's small-row kernels, lm_head included), ``attention`` and the
+  rest (norms, rotary, activation, logits bookkeeping);
+* ``draft forward``: the draft model's passes and its extend over the committed tokens;
+* ``step logic``: everything else of a decode step (retrieval, tree, acceptance, KV moves,
+  SGLang's batch preparation and GRAFT's feed).
+
+py-spy slows the Python parts of every server a little (it reads their stacks while they run), so
+the table says where time goes, and the spec_bench runs say how fast; its sampling rate is
+``--rate``.
+
+    OMP_NUM_THREADS=1 python benchmark/step_profile.py --split tune --num-prompts 2 --json out/step_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "models"))
+
+import build_smollm2  # noqa: E402
+import prompt_sets  # noqa: E402
+import spec_bench  # noqa: E402
+
+PARTS = ("prefill", "linear", "attention", "forward rest", "draft forward", "step logic", "outside the step")
+
+
+def classify(frames: list[str], method: str) -> str:
+    """The part of :data:`PARTS` a sample (its stack, outermost frame first) belongs to."""
+    stack = ";".join(frames)
+    if "run_batch" not in stack:
+        return "outside the step"
+    if "_forward_prefill_batch" in stack or (method == "none" and "_execute_extend" in stack):
+        return "prefill"
+    if "ModelRunner.forward" not in stack:
+        return "step logic"
+    target = "run_eagle_verify" in stack or method == "none"
+    if not target:
+        return "draft forward"
+    if "linear.py:_product" in stack:
+        return "linear"
+    if "RadixAttention.forward" in stack:
+        return "attention"
+    return "forward rest"
+
+
+def _frame(f: str) -> str:
+    """``func (path:line)`` -> ``file.py:func`` (py-spy's raw format)."""
+    f = f.strip()
+    func, _, where = f.partition(" (")
+    return f"{Path(where.split(':')[0]).name}:{func}" if where else f
+
+
+def parts(raw: Path, method: str) -> Counter:
+    out = Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack:
+            out[classify([_frame(f) for f in stack.split(";")], method)] += int(count)
+    return out
+
+
+class Spy:
+    """``py-spy record`` of a server and its children until the block ends (SIGINT makes it write)."""
+
+    def __init__(self, binary: str, pid: int, out: Path, rate: int) -> None:
+        self.cmd = [binary, "record", "--pid", str(pid), "--subprocesses", "--format", "raw", "--rate", str(rate),
+                    "--nonblocking", "-o", str(out)]
+        self.proc = None
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=120)
+        return False
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2", choices=["smollm2", "gemma3"])
+    ap.add_argument("--methods", default="none,GRAFT")
+    ap.add_argument("--split", default="tune", choices=["tune", "report"])
+    ap.add_argument("--num-prompts", type=int, default=2, help="prompts per category")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    ap.add_argument("--py-spy", dest="spy", default=str(Path(sys.executable).with_name("py-spy")),
+                    help="py-spy binary (default: beside this Python, scripts/install_bench.sh installs it)")
+    ap.add_argument("--json", type=Path, default=HERE / "out" / "step_profile.json")
+    args = ap.parse_args()
+    from local_server import SGLangServer
+    from transformers import AutoTokenizer
+
+    model = build_smollm2.build_target(args.target, "float32")
+    draft = build_smollm2.head_dir(args.target)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = [(c, spec_bench._encode(tokenizer, p)) for c in prompt_sets.CATEGORIES
+               for p in prompt_sets.load(c, args.split, args.num_prompts)]
+    shape = spec_bench.parse_args([])  # spec_bench's draft shape of the explicit-shape methods
+    table = spec_bench.methods(shape.steps, shape.topk, shape.num_draft_tokens)
+    names = args.methods.split(",")
+    out_dir = args.json.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokens = {n: [0, 0, 0] for n in names}  # completion tokens, requests, decode steps
+    with contextlib.ExitStack() as running:
+        servers = {}
+        for name in names:
+            servers[name] = srv = running.enter_context(SGLangServer(
+                model, spec_bench.server_args(table[name], draft, "float32"),
+                log_path=out_dir / f"step_profile-{name}.log"))
+            srv.generate_ids(prompts[0][1][:8], 4)  # warm-up, outside the samples
+        with contextlib.ExitStack() as sampled:
+            for n, srv in servers.items():
+                sampled.enter_context(Spy(args.spy, srv.proc.pid, out_dir / f"step_profile-{n}.raw", args.rate))
+            for i, (_, ids) in enumerate(prompts):
+                for name in names[i % len(names):] + names[: i % len(names)]:
+                    r = servers[name].generate_ids(ids, args.max_new_tokens, temperature=0.0, ignore_eos=False)
+                    meta = r["meta_info"]
+                    tokens[name][0] += meta["completion_tokens"]
+                    tokens[name][1] += 1
+                    # speculative methods: verify steps; none: a step per token after the prefill's
+                    tokens[name][2] += meta.get("spec_verify_ct") or meta["completion_tokens"] - 1
+    report = {"config": {k: str(v) for k, v in vars(args).items() if k != "json"}, "methods": {}}
+    for name in names:
+        decoded, steps = tokens[name][0] - tokens[name][1], tokens[name][2]  # a request's first token: its prefill
+        counts = parts(out_dir / f"step_profile-{name}.raw", name)
+        ms = {p: round(counts[p] * 1e3 / args.rate / steps, 2) for p in PARTS}
+        report["methods"][name] = {"decode_steps": steps, "tokens": tokens[name][0],
+                                   "tokens_per_step": round(decoded / steps, 3), "ms_per_step": ms}
+    args.json.write_text(json.dumps(report, indent=1))
+    lines = ["| method | tokens / step | " + " | ".join(PARTS) + " | decode step (no prefill) |",
+             "|---|---|" + "---|" * (len(PARTS) + 1)]
+    for name, m in report["methods"].items():
+        ms = m["ms_per_step"]
+        decode = sum(v for k, v in ms.items() if k not in ("prefill", "outside the step"))
+        lines.append(f"| {name} | {m['tokens_per_step']} | " + " | ".join(str(ms[p]) for p in PARTS)
+                     + f" | {decode:.1f} |")
+    md = "\n".join(lines) + "\n"
+    args.json.with_suffix(".md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
