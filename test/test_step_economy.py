@@ -690,3 +690,33 @@ def test_a_step_is_plain_where_speculation_realized_less():
     assert s.as_dict()["rate_guard"] == {"bs2": {"plain": 20.0, "speculative": 13.33}}
     plan, pool = _first_level_step(s, draft_p=0.95, bs=4)  # another bucket: not judged
     assert s.plain_plan(plan, pool) is None
+
+
+def test_a_losing_bucket_probes_speculation_and_exploring_steps_do_not_count():
+    """Where speculation loses, one step in ``probe_every`` decides as usual (a confident draft then
+    speculates), so the bucket's speculative rate stays measured with chosen budgets; an exploring
+    step's forced budget feeds no rate."""
+    s = _stepper("cost", topk=1)
+    _teach_costs(s, {1: 1.0, 2: 1.5, 4: 2.5, 8: 4.0}, pass_s=2.0)
+    for _ in range(s.rate_guard.min_steps):
+        s.rate_guard.observe(bs=2, plain=True, committed=2, seconds=0.1)
+        s.rate_guard.observe(bs=3, plain=False, committed=4, seconds=0.3)
+    s.rate_guard.publish()
+    decided = []
+    for _ in range(2 * s.rate_guard.probe_every):
+        plan, pool = _first_level_step(s, draft_p=0.95, bs=2)
+        decided.append(s.plain_plan(plan, pool))
+    probes = [i for i, d in enumerate(decided) if d is None]
+    assert probes == [s.rate_guard.probe_every - 1, 2 * s.rate_guard.probe_every - 1]
+    assert all(d.guarded for d in decided if d is not None)
+
+    explored = PlainPlan([0, 1], explore=True)
+    explored.committed = 2
+    s.timer.begin()
+    s.end_step(explored, 2)
+    plain = PlainPlan([0, 1])
+    plain.committed = 2
+    s.timer.begin()
+    s.end_step(plain, 2)
+    counts = s.rate_guard._rings.count
+    assert counts[StepCost.bucket(2), 0] == s.rate_guard.min_steps + 1  # the plain step, not the exploring one

@@ -43,8 +43,11 @@ def _engine() -> Engine:
                   classes={"GraftConfig": _config, "DraftPool": DraftPool, "RetrievalProposals": RetrievalProposals,
                            "LaggedEntry": LaggedEntry, "HostOutcome": HostOutcome, "StepOutcome": StepOutcome},
                   # the rate guard's inputs, recorded after these traces: a plan's committed tokens (set by
-                  # the worker, which the replay does not run), whether a plain step was the guard's
-                  added={"StepPlan": ("committed",), "PlainPlan": ("guarded", "committed")}, timer_added=(None,),
+                  # the worker, which the replay does not run), whether a plain step was the guard's, and
+                  # whether a timed step explored (replayed as not: the guard never judges a bucket here,
+                  # whose steps commit no tokens)
+                  added={"StepPlan": ("committed",), "PlainPlan": ("guarded", "committed")},
+                  timer_added=(None, False),
                   final_state=lambda stepper: {k: v for k, v in state(stepper).items() if k != "guarded_steps"})
 
 

@@ -9,8 +9,9 @@ steps, while the model chose speculation in 71 % of steps (``benchmark/RESULTS.m
 keeps, per batch-size bucket (powers of two, as the cost model's), the newest ``WINDOW`` timed steps
 of each kind as (tokens committed, seconds), and :meth:`speculation_loses` says when the bucket's
 speculative steps realized fewer tokens per second than its plain steps: a step in that bucket is
-then plain (exploring steps still measure every budget, so a bucket whose speculation starts to pay
-again is seen).
+then plain (:meth:`plain_now`), except one in every ``PROBE_EVERY``, which decides as usual, so the
+bucket's speculative rate keeps being measured with the budgets the model chooses and a bucket whose
+speculation pays again is seen. Exploring steps, whose budget is forced, are not counted.
 
 Worked example: bucket of bs 4-7; plain steps 53 x (6 tokens, 0.12 s); speculative steps
 136 x (13 tokens, 0.31 s): 50.0 against 41.9 tokens per second, so speculation loses there.
@@ -34,11 +35,13 @@ class RateGuard:
 
     WINDOW = 32  # newest timed steps per bucket and kind
     MIN_STEPS = 8  # steps of each kind a bucket needs before it is judged
+    PROBE_EVERY = 8  # of a judged bucket's steps where speculation loses, this one decides as usual
 
-    def __init__(self, window: int = WINDOW, min_steps: int = MIN_STEPS) -> None:
-        self.window, self.min_steps = window, min_steps
+    def __init__(self, window: int = WINDOW, min_steps: int = MIN_STEPS, probe_every: int = PROBE_EVERY) -> None:
+        self.window, self.min_steps, self.probe_every = window, min_steps, probe_every
         self._rings = _Rings((StepCost.BUCKETS, 2), window, 2)  # (tokens, seconds)
         self._rates: dict[tuple[int, int], float] = {}  # published: (bucket, kind) -> tokens per second
+        self._losing = np.zeros(StepCost.BUCKETS, dtype=np.int64)  # steps met where speculation lost, per bucket
 
     def observe(self, *, bs: int, plain: bool, committed: int, seconds: float) -> None:
         """One timed decode step of ``bs`` requests that committed ``committed`` tokens in ``seconds``."""
@@ -66,6 +69,20 @@ class RateGuard:
         b = StepCost.bucket(bs)
         plain, speculative = self._rates.get((b, 0)), self._rates.get((b, 1))
         return plain is not None and speculative is not None and speculative < plain
+
+    def plain_now(self, bs: int) -> bool:
+        """Whether a step of ``bs`` requests is plain by the guard: its bucket's speculation loses
+        (:meth:`speculation_loses`) and the step is not a probe (every ``probe_every``-th such step
+        of the bucket decides as usual; the count is the same on every rank).
+
+        Example (``probe_every`` 8): in a losing bucket steps 1-7 are plain, step 8 values its
+        proposals and draft as any step and may speculate; its time and tokens, if speculative,
+        refresh the bucket's speculative rate."""
+        if not self.speculation_loses(bs):
+            return False
+        b = StepCost.bucket(bs)
+        self._losing[b] += 1
+        return self._losing[b] % self.probe_every != 0
 
     def as_dict(self) -> dict:
         """``{"bs4": {"plain": tok/s, "speculative": tok/s}, ...}`` as published."""

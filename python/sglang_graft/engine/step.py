@@ -300,7 +300,7 @@ class GraftStepper:
         ``N = 1`` is plain, one for another budget speculative. One host read. With plain steps
         ``batched`` (the default), a batch of one request is never plain. A step whose batch-size
         bucket's speculative steps realized fewer tokens per second than its plain ones
-        (:class:`RateGuard`) is plain without valuing anything.
+        (:class:`RateGuard`) is plain without valuing anything, but for the guard's probes.
 
         Example (plain steps ``on``): bs 1, a draft whose first level is unsure (path score 0.2,
         calibrated 0.15) and no retrieved continuation: ``N = 1`` expects 1 token in 0.10 s,
@@ -313,7 +313,7 @@ class GraftStepper:
         if plan.explore:
             return PlainPlan(plan.rids, explore=True, context=plan.context) if plan.explore_k == 0 else None
         bs = len(plan.rids)
-        if self.rate_guard.speculation_loses(bs):
+        if self.rate_guard.plain_now(bs):
             return PlainPlan(plan.rids, context=plan.context, guarded=True)
         self._check_levels(plan, pool, pool.num_steps - 1)
         e_now, e_later = self._expectations(plan, pool)  # host read
@@ -419,13 +419,13 @@ class GraftStepper:
         self._captured.append(capture_count() != self._captures)  # one per step the timer holds
         self._captures = capture_count()
         observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes, plain, plan.context,
-                                                             plan.committed))
+                                                             plan.committed, plan.explore))
         for phases, step in observed:
             captured = self._captured.popleft()
             if step is not None and not captured:
-                b, n, passes, was_plain, context, tokens = step
+                b, n, passes, was_plain, context, tokens, explored = step
                 self.stats.time(was_plain, b, phases)
-                if tokens is not None:
+                if tokens is not None and not explored:  # an exploring step's budget was forced
                     self.rate_guard.observe(bs=b, plain=was_plain, committed=tokens, seconds=sum(phases.values()))
                 self.cost.observe(bs=b, num_nodes=n, verify_s=phases["verify"] + phases["draft_extend"],
                                   passes=passes, draft_s=phases["draft"], context=context,
