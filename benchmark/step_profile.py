@@ -12,11 +12,13 @@ server are sorted by what they were inside of, and reported as milliseconds per 
   rest (norms, rotary, activation, logits bookkeeping);
 * ``draft forward``: the draft model's passes and its extend over the committed tokens;
 * ``step logic``: everything else of a decode step (retrieval, tree, acceptance, KV moves,
-  SGLang's batch preparation and GRAFT's feed).
+  SGLang's batch preparation and GRAFT's feed);
+* ``idle and other processes`` (in the JSON only): samples outside a batch (waits between turns, the
+  HTTP and detokenizer processes).
 
-py-spy slows the Python parts of every server a little (it reads their stacks while they run), so
-the table says where time goes, and the spec_bench runs say how fast; its sampling rate is
-``--rate``.
+py-spy itself takes CPU time (on a 2-core host, from the servers it samples), and Python-heavy parts
+slow the most, so the table says where time goes, not how fast a method runs: ``spec_bench.py``
+says that. Its sampling rate is ``--rate``.
 
     OMP_NUM_THREADS=1 python benchmark/step_profile.py --split tune --num-prompts 2 --json out/step_profile.json
 """
@@ -41,14 +43,15 @@ import build_smollm2  # noqa: E402
 import prompt_sets  # noqa: E402
 import spec_bench  # noqa: E402
 
-PARTS = ("prefill", "linear", "attention", "forward rest", "draft forward", "step logic", "outside the step")
+PARTS = ("prefill", "linear", "attention", "forward rest", "draft forward", "step logic", "idle and other processes")
+STEP = ("linear", "attention", "forward rest", "draft forward", "step logic")  # a decode step's parts
 
 
 def classify(frames: list[str], method: str) -> str:
     """The part of :data:`PARTS` a sample (its stack, outermost frame first) belongs to."""
     stack = ";".join(frames)
-    if "run_batch" not in stack:
-        return "outside the step"
+    if "run_batch" not in stack:  # the scheduler between batches, the HTTP and detokenizer processes
+        return "idle and other processes"
     if "_forward_prefill_batch" in stack or (method == "none" and "_execute_extend" in stack):
         return "prefill"
     if "ModelRunner.forward" not in stack:
@@ -98,6 +101,17 @@ class Spy:
         return False
 
 
+def render(report: dict) -> str:
+    """The markdown table of a report: ms per decode step by part, and the decode step's sum."""
+    cols = ("prefill",) + STEP
+    lines = ["| method | tokens / step | " + " | ".join(cols) + " | decode step |", "|---|---|" + "---|" * (len(cols) + 1)]
+    for name, m in report["methods"].items():
+        ms = m["ms_per_step"]
+        lines.append(f"| {name} | {m['tokens_per_step']} | " + " | ".join(str(ms[p]) for p in cols)
+                     + f" | {sum(ms[p] for p in STEP):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2", choices=["smollm2", "gemma3"])
@@ -142,7 +156,7 @@ def main() -> None:
                     tokens[name][1] += 1
                     # speculative methods: verify steps; none: a step per token after the prefill's
                     tokens[name][2] += meta.get("spec_verify_ct") or meta["completion_tokens"] - 1
-    report = {"config": {k: str(v) for k, v in vars(args).items() if k != "json"}, "methods": {}}
+    report = {"config": {k: str(v) for k, v in vars(args).items() if k not in ("json", "spy")}, "methods": {}}
     for name in names:
         decoded, steps = tokens[name][0] - tokens[name][1], tokens[name][2]  # a request's first token: its prefill
         counts = parts(out_dir / f"step_profile-{name}.raw", name)
@@ -150,14 +164,7 @@ def main() -> None:
         report["methods"][name] = {"decode_steps": steps, "tokens": tokens[name][0],
                                    "tokens_per_step": round(decoded / steps, 3), "ms_per_step": ms}
     args.json.write_text(json.dumps(report, indent=1))
-    lines = ["| method | tokens / step | " + " | ".join(PARTS) + " | decode step (no prefill) |",
-             "|---|---|" + "---|" * (len(PARTS) + 1)]
-    for name, m in report["methods"].items():
-        ms = m["ms_per_step"]
-        decode = sum(v for k, v in ms.items() if k not in ("prefill", "outside the step"))
-        lines.append(f"| {name} | {m['tokens_per_step']} | " + " | ".join(str(ms[p]) for p in PARTS)
-                     + f" | {decode:.1f} |")
-    md = "\n".join(lines) + "\n"
+    md = render(report)
     args.json.with_suffix(".md").write_text(md)
     print(md)
 

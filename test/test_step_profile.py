@@ -32,7 +32,7 @@ def test_samples_are_sorted_into_the_parts_of_a_step(tmp_path):
                    .replace("forward (radix_attention.py:10)", "RadixAttention.forward (radix_attention.py:10)"))
     counts = step_profile.parts(raw, "GRAFT")
     assert counts == {"prefill": 7, "linear": 5, "attention": 3, "forward rest": 2, "draft forward": 4,
-                      "step logic": 6, "outside the step": 1}
+                      "step logic": 6, "idle and other processes": 1}
 
 
 def test_a_plain_servers_extend_is_its_prefill():
