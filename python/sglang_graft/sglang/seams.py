@@ -37,6 +37,9 @@ def _installed_sglang() -> str:
         return "not installed"
 
 
+_OWNERS: dict = {}  # Seam.target -> (its owner object, attribute name), filled on first resolve
+
+
 @dataclass(frozen=True)
 class Seam:
     """One SGLang internal: its dotted path and what GRAFT uses it for."""
@@ -58,9 +61,19 @@ class Seam:
                          f"needs SGLang {PINNED_SGLANG}, installed {_installed_sglang()})")
 
     def resolve(self) -> Any:
+        """The internal now: its owner (module or class) is found once, the attribute read on every
+        call, so a :func:`swapped` seam resolves to its stand-in. Cheap enough for hot paths (a
+        linear layer asks every call): ``pkgutil.resolve_name`` costs an import lookup per call."""
+        owner = _OWNERS.get(self.target)
+        if owner is None:
+            try:
+                pkgutil.resolve_name(self.target)
+                owner = _OWNERS[self.target] = (pkgutil.resolve_name(self.owner), self.name)
+            except (ImportError, AttributeError, ValueError) as e:
+                raise self.error(f"missing ({type(e).__name__}: {e})") from None
         try:
-            return pkgutil.resolve_name(self.target)
-        except (ImportError, AttributeError, ValueError) as e:
+            return getattr(*owner)
+        except AttributeError as e:
             raise self.error(f"missing ({type(e).__name__}: {e})") from None
 
     def resolve_owner(self) -> Any:
