@@ -9,7 +9,8 @@ per forward, the median of ``--repeats``.
 
 ``--python-loops`` adds the kernels driven from Python, a call per row block and chunk of tiles (as
 before the loops moved into the compiled driver, ``gemm_ir.driver_ir``); the products take turns
-within each repeat, so a machine's drift moves them alike.
+within each repeat, so a machine's drift moves them alike. ``--prefetch-ab`` adds the kernels
+compiled without their software prefetch (``gemm_ir.PREFETCH_BYTES``).
 """
 
 from __future__ import annotations
@@ -70,11 +71,26 @@ def python_loops(x, weight):
         gemm_ir.product = compiled
 
 
+def without_prefetch():
+    """:func:`rows_linear` through kernels compiled with no software prefetch."""
+    plain = gemm_ir._Kernels(prefetch=0)
+
+    def product(x, weight):
+        kept = gemm_ir._KERNELS
+        gemm_ir._KERNELS = plain
+        try:
+            return rows_linear(x, weight)
+        finally:
+            gemm_ir._KERNELS = kept
+    return product
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 32, 64, 128, 256])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--python-loops", action="store_true", help="add the kernels driven from Python")
+    ap.add_argument("--prefetch-ab", action="store_true", help="add the kernels without software prefetch")
     args = ap.parse_args()
     torch.set_num_threads(1)
     m = SMOLLM2
@@ -85,6 +101,8 @@ def main() -> None:
     products = {"torch": torch.nn.functional.linear, "kernels": rows_linear}
     if args.python_loops:
         products["kernels, loops in Python"] = python_loops
+    if args.prefetch_ab:
+        products["kernels, no prefetch"] = without_prefetch()
     print("| rows | " + " | ".join(f"{name} ms" for name in products) + " |\n|---|" + "---|" * len(products))
     report = {}
     for rows in args.rows:

@@ -319,7 +319,8 @@ def test_rows_linear_is_the_product_and_batch_invariant(rows, depth, width, bias
 def test_avx512_and_avx2_kernel_shapes_give_the_same_bits(rows):
     """The two register-block shapes (32-column tiles in 8-row blocks, 24-column tiles in 4-row
     blocks) compute each output as the same chain of fused multiply-adds, so a host's choice of shape
-    does not change a single bit (both compile on any host with FMA: LLVM splits wider vectors)."""
+    does not change a single bit (both compile on any host with FMA: LLVM splits wider vectors);
+    with or without the software prefetch, which must compile to prefetch instructions."""
     from sglang_cpu_port import gemm_ir
     from sglang_cpu_port.linear import pack
 
@@ -328,14 +329,16 @@ def test_avx512_and_avx2_kernel_shapes_give_the_same_bits(rows):
     g = torch.Generator().manual_seed(rows)
     w, x = torch.randn(100, 37, generator=g), torch.randn(rows, 37, generator=g)
     outs = []
-    for wide in (True, False):
-        kern = gemm_ir._Kernels(wide=wide)
+    for wide, prefetch in ((True, gemm_ir.PREFETCH_BYTES), (False, gemm_ir.PREFETCH_BYTES), (True, 0), (False, 0)):
+        kern = gemm_ir._Kernels(wide=wide, prefetch=prefetch)
+        assert ("prefetcht0" in kern.assembly()) == (prefetch > 0)
         packed = pack(w, kern.tile)
         tiles = packed.shape[0]
         out = torch.empty(rows, tiles * kern.tile)
         gemm_ir.product(kern, x.data_ptr(), 37, rows, packed.data_ptr(), tiles, 37, out.data_ptr(), tiles * kern.tile)
         outs.append(out[:, :100])
-    assert torch.equal(outs[0], outs[1])
+    for other in outs[1:]:
+        assert torch.equal(outs[0], other)
     torch.testing.assert_close(outs[0], x @ w.T, rtol=1e-5, atol=1e-5)
 
 

@@ -39,6 +39,10 @@ MAX_BLOCK = 8  # AVX-512: rows one call keeps in registers (8 x 2 accumulators +
 AVX2_TILE = 24  # AVX2 only: three 8-lane vectors
 AVX2_BLOCK = 4  # AVX2 only: 4 x 3 accumulators + 3 weight vectors + 1 broadcast = 16 registers
 CHUNK_BYTES = 1 << 19  # packed weights every row block reads in turn while they stay in L2
+# How far ahead of its loads a kernel prefetches the packed weights it streams: two cache lines per
+# ``k`` at this distance (``0``: none). Chosen with ``benchmark/linear_rows.py --prefetch-ab`` on an
+# AVX-512 Xeon, where the hardware prefetcher alone left 8 rows at 1.6x one row's time.
+PREFETCH_BYTES = 8192
 
 _PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
@@ -46,12 +50,16 @@ _DRIVER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64
                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
 
-def kernel_ir(rows: int, name: str, lanes: int = 16, vecs: int = 2, tile: int = TILE) -> str:
+def kernel_ir(rows: int, name: str, lanes: int = 16, vecs: int = 2, tile: int = TILE,
+              prefetch: int = PREFETCH_BYTES) -> str:
     """LLVM IR of ``void name(x, ldx, w_packed, tiles, K, out, ldo)`` for ``rows`` rows, each tile of
     ``tile = lanes * vecs`` columns in ``vecs`` vectors of ``lanes`` floats.
 
     x: ``rows`` rows of ``K`` floats, ``ldx`` apart; w_packed: ``[tiles, K, tile]``;
     out: ``rows`` rows of ``tiles * tile`` floats, ``ldo`` apart. ``tiles >= 1`` and ``K >= 1``.
+    With ``prefetch`` > 0 each ``k`` also prefetches the two cache lines ``prefetch`` bytes ahead in
+    the packed weights (past a tile's end: the next tile's start; past the weight's end the hint is
+    dropped: a prefetch never faults). Prefetches change no result.
     """
     assert lanes * vecs == tile
     vt = f"<{lanes} x float>"
@@ -67,6 +75,11 @@ def kernel_ir(rows: int, name: str, lanes: int = 16, vecs: int = 2, tile: int = 
         for v in range(vecs):
             ir.append(f"  %a{r}_{v} = phi {vt} [zeroinitializer, %tile], [%n{r}_{v}, %kloop]")
     ir.append(f"  %wo = mul i64 %k, {tile}")
+    for j in range(2 if prefetch else 0):
+        ir += [f"  %pfo{j} = add i64 %wo, {(prefetch + 64 * j) // 4}",
+               f"  %pfp{j} = getelementptr float, float* %wb, i64 %pfo{j}",  # not inbounds: may pass the end
+               f"  %pfc{j} = bitcast float* %pfp{j} to i8*",
+               f"  call void @llvm.prefetch.p0i8(i8* %pfc{j}, i32 0, i32 3, i32 1)"]
     for v in range(vecs):
         ir += [f"  %wo{v} = add i64 %wo, {lanes * v}",
                f"  %wp{v} = getelementptr inbounds float, float* %wb, i64 %wo{v}",
@@ -138,9 +151,10 @@ class _Kernels:
     of the 49152 x 576 lm_head 4.9 against 7.7 ms with the 32-column tiles, which left 2 rows a block).
     """
 
-    def __init__(self, wide: Optional[bool] = None) -> None:
+    def __init__(self, wide: Optional[bool] = None, prefetch: int = PREFETCH_BYTES) -> None:
         """``wide``: the AVX-512 shapes (True) or the AVX2 ones (False) whatever the host has (LLVM
-        splits a 16-lane vector into two where the host has 8); ``None``: what the host has."""
+        splits a 16-lane vector into two where the host has 8); ``None``: what the host has.
+        ``prefetch``: :func:`kernel_ir`'s prefetch distance in bytes (0: none)."""
         import llvmlite.binding as llvm
 
         llvm.initialize_native_target()
@@ -153,8 +167,9 @@ class _Kernels:
         module = "\n\n".join(
             [f"declare <{lanes} x float> @llvm.fma.v{lanes}f32(<{lanes} x float>, <{lanes} x float>, "
              f"<{lanes} x float>)",
+             "declare void @llvm.prefetch.p0i8(i8*, i32, i32, i32)",
              f'attributes #0 = {{ nounwind "prefer-vector-width"="{32 * lanes}" }}']
-            + [kernel_ir(rows, f"rows{rows}", lanes=lanes, vecs=self.tile // lanes, tile=self.tile)
+            + [kernel_ir(rows, f"rows{rows}", lanes=lanes, vecs=self.tile // lanes, tile=self.tile, prefetch=prefetch)
                for rows in range(1, self.max_block + 1)]
             + [driver_ir(self.max_block, self.tile)])
         self._compiled = Compiled(module)
