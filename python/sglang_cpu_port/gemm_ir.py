@@ -40,9 +40,13 @@ AVX2_TILE = 24  # AVX2 only: three 8-lane vectors
 AVX2_BLOCK = 4  # AVX2 only: 4 x 3 accumulators + 3 weight vectors + 1 broadcast = 16 registers
 CHUNK_BYTES = 1 << 19  # packed weights every row block reads in turn while they stay in L2
 # How far ahead of its loads a kernel prefetches the packed weights it streams: two cache lines per
-# ``k`` at this distance (``0``: none). Chosen with ``benchmark/linear_rows.py --prefetch-ab`` on an
-# AVX-512 Xeon, where the hardware prefetcher alone left 8 rows at 1.6x one row's time.
-PREFETCH_BYTES = 8192
+# ``k`` at this distance (``0``: none), into L2 (``prefetcht1``: L2's queue keeps more lines in flight
+# than L1's fill buffers). Chosen on an AVX-512 Xeon, where the hardware prefetcher alone left 8 rows
+# at 1.6x one row's time; SmolLM2-135M's linears, one thread, against 8 KiB into L1: 4 rows 48.4 ->
+# 42.3 ms, 8 rows 55.3 -> 50.0, 1 row 42.0 -> 41.7 (``benchmark/linear_rows.py --prefetch-ab`` compares
+# with no prefetch).
+PREFETCH_BYTES = 16384
+PREFETCH_LOCALITY = 2  # llvm.prefetch's locality: 3 = L1 (t0), 2 = L2 (t1), 1 = t2, 0 = non-temporal
 
 _PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
@@ -58,7 +62,7 @@ def kernel_ir(rows: int, name: str, lanes: int = 16, vecs: int = 2, tile: int = 
     x: ``rows`` rows of ``K`` floats, ``ldx`` apart; w_packed: ``[tiles, K, tile]``;
     out: ``rows`` rows of ``tiles * tile`` floats, ``ldo`` apart. ``tiles >= 1`` and ``K >= 1``.
     With ``prefetch`` > 0 each ``k`` also prefetches the two cache lines ``prefetch`` bytes ahead in
-    the packed weights (past a tile's end: the next tile's start; past the weight's end the hint is
+    the packed weights, into L2 (past a tile's end: the next tile's start; past the weight's end the hint is
     dropped: a prefetch never faults). Prefetches change no result.
     """
     assert lanes * vecs == tile
@@ -79,7 +83,7 @@ def kernel_ir(rows: int, name: str, lanes: int = 16, vecs: int = 2, tile: int = 
         ir += [f"  %pfo{j} = add i64 %wo, {(prefetch + 64 * j) // 4}",
                f"  %pfp{j} = getelementptr float, float* %wb, i64 %pfo{j}",  # not inbounds: may pass the end
                f"  %pfc{j} = bitcast float* %pfp{j} to i8*",
-               f"  call void @llvm.prefetch.p0i8(i8* %pfc{j}, i32 0, i32 3, i32 1)"]
+               f"  call void @llvm.prefetch.p0i8(i8* %pfc{j}, i32 0, i32 {PREFETCH_LOCALITY}, i32 1)"]
     for v in range(vecs):
         ir += [f"  %wo{v} = add i64 %wo, {lanes * v}",
                f"  %wp{v} = getelementptr inbounds float, float* %wb, i64 %wo{v}",
