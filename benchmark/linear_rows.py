@@ -61,27 +61,16 @@ def python_loop_product(kern, x_ptr, ldx, rows, packed_ptr, tiles, depth, out_pt
                                 out_ptr + 4 * (done * ldo + start * tile), ldo)
 
 
-def python_loops(x, weight):
-    """:func:`rows_linear` through :func:`python_loop_product`."""
-    compiled = gemm_ir.product
-    gemm_ir.product = python_loop_product
-    try:
-        return rows_linear(x, weight)
-    finally:
-        gemm_ir.product = compiled
-
-
-def without_prefetch():
-    """:func:`rows_linear` through kernels compiled with no software prefetch."""
-    plain = gemm_ir._Kernels(prefetch=0)
-
+def swapped(name: str, value):
+    """:func:`rows_linear` with ``gemm_ir.<name>`` set to ``value`` during each call: ``product`` ->
+    :func:`python_loop_product` (the loops in Python), ``_KERNELS`` -> other compiled kernels."""
     def product(x, weight):
-        kept = gemm_ir._KERNELS
-        gemm_ir._KERNELS = plain
+        kept = getattr(gemm_ir, name)
+        setattr(gemm_ir, name, value)
         try:
             return rows_linear(x, weight)
         finally:
-            gemm_ir._KERNELS = kept
+            setattr(gemm_ir, name, kept)
     return product
 
 
@@ -100,9 +89,9 @@ def main() -> None:
     lm_head = torch.randn(m["vocab"], h)
     products = {"torch": torch.nn.functional.linear, "kernels": rows_linear}
     if args.python_loops:
-        products["kernels, loops in Python"] = python_loops
+        products["kernels, loops in Python"] = swapped("product", python_loop_product)
     if args.prefetch_ab:
-        products["kernels, no prefetch"] = without_prefetch()
+        products["kernels, no prefetch"] = swapped("_KERNELS", gemm_ir._Kernels(prefetch=0))
     print("| rows | " + " | ".join(f"{name} ms" for name in products) + " |\n|---|" + "---|" * len(products))
     report = {}
     for rows in args.rows:
