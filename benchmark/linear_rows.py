@@ -10,7 +10,8 @@ per forward, the median of ``--repeats``.
 ``--python-loops`` adds the kernels driven from Python, a call per row block and chunk of tiles (as
 before the loops moved into the compiled driver, ``gemm_ir.driver_ir``); the products take turns
 within each repeat, so a machine's drift moves them alike. ``--prefetch-ab`` adds the kernels
-compiled without their software prefetch (``gemm_ir.PREFETCH_BYTES``).
+compiled without their software prefetch (``gemm_ir.PREFETCH_BYTES``); ``--block-ab B`` the kernels
+compiled with blocks of at most ``B`` rows (``gemm_ir.MAX_BLOCK``).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--python-loops", action="store_true", help="add the kernels driven from Python")
     ap.add_argument("--prefetch-ab", action="store_true", help="add the kernels without software prefetch")
+    ap.add_argument("--block-ab", type=int, help="add the kernels with blocks of at most this many rows")
     args = ap.parse_args()
     torch.set_num_threads(1)
     m = SMOLLM2
@@ -92,6 +94,8 @@ def main() -> None:
         products["kernels, loops in Python"] = swapped("product", python_loop_product)
     if args.prefetch_ab:
         products["kernels, no prefetch"] = swapped("_KERNELS", gemm_ir._Kernels(prefetch=0))
+    if args.block_ab:
+        products[f"kernels, blocks of {args.block_ab}"] = swapped("_KERNELS", gemm_ir._Kernels(max_block=args.block_ab))
     print("| rows | " + " | ".join(f"{name} ms" for name in products) + " |\n|---|" + "---|" * len(products))
     report = {}
     for rows in args.rows:

@@ -315,11 +315,11 @@ def test_rows_linear_is_the_product_and_batch_invariant(rows, depth, width, bias
         assert torch.equal(out[i], pairs[i][1]), f"row {i} of {rows} differs from the same row in a pair"
 
 
-@pytest.mark.parametrize("rows", [1, 3, 5, 9, 17])
+@pytest.mark.parametrize("rows", [1, 3, 5, 9, 13, 17, 25])
 def test_avx512_and_avx2_kernel_shapes_give_the_same_bits(rows):
-    """The two register-block shapes (32-column tiles in 8-row blocks, 24-column tiles in 4-row
-    blocks) compute each output as the same chain of fused multiply-adds, so a host's choice of shape
-    does not change a single bit (both compile on any host with FMA: LLVM splits wider vectors);
+    """The register-block shapes (32-column tiles in 12-row blocks, or 8-row ones, 24-column tiles in
+    4-row blocks) compute each output as the same chain of fused multiply-adds, so a host's choice of
+    shape does not change a single bit (all compile on any host with FMA: LLVM splits wider vectors);
     with or without the software prefetch, which must compile to prefetch instructions."""
     from sglang_cpu_port import gemm_ir
     from sglang_cpu_port.linear import pack
@@ -329,8 +329,11 @@ def test_avx512_and_avx2_kernel_shapes_give_the_same_bits(rows):
     g = torch.Generator().manual_seed(rows)
     w, x = torch.randn(100, 37, generator=g), torch.randn(rows, 37, generator=g)
     outs = []
-    for wide, prefetch in ((True, gemm_ir.PREFETCH_BYTES), (False, gemm_ir.PREFETCH_BYTES), (True, 0), (False, 0)):
-        kern = gemm_ir._Kernels(wide=wide, prefetch=prefetch)
+    shapes = [(True, gemm_ir.PREFETCH_BYTES, None), (False, gemm_ir.PREFETCH_BYTES, None), (True, 0, None),
+              (False, 0, None), (True, gemm_ir.PREFETCH_BYTES, 8)]
+    for wide, prefetch, max_block in shapes:
+        kern = gemm_ir._Kernels(wide=wide, prefetch=prefetch, max_block=max_block)
+        assert kern.max_block == max_block or (gemm_ir.MAX_BLOCK if wide else gemm_ir.AVX2_BLOCK)
         assert ("prefetcht1" in kern.assembly()) == (prefetch > 0)
         packed = pack(w, kern.tile)
         tiles = packed.shape[0]

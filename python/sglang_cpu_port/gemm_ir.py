@@ -35,7 +35,11 @@ from sglang_cpu_port.llvm_jit import Compiled
 logger = logging.getLogger(__name__)
 
 TILE = 32  # AVX-512: output columns per packed tile, two 16-lane vectors
-MAX_BLOCK = 8  # AVX-512: rows one call keeps in registers (8 x 2 accumulators + 2 weight vectors + 1)
+# AVX-512: rows one call keeps in registers, 12 x 2 accumulators + 2 weight vectors + 1 broadcast = 27
+# of 32. Against blocks of 8 on an AVX-512 Xeon, SmolLM2-135M's linears + lm_head, one thread, ms per
+# forward (``benchmark/linear_rows.py --block-ab 8``): 12 rows 61.0 -> 50.5, 16 rows 65.2 -> 60.2,
+# 24 rows 78.0 -> 69.0, 32 rows 90.9 -> 82.0; 1 to 8 rows alike (the same kernels).
+MAX_BLOCK = 12
 AVX2_TILE = 24  # AVX2 only: three 8-lane vectors
 AVX2_BLOCK = 4  # AVX2 only: 4 x 3 accumulators + 3 weight vectors + 1 broadcast = 16 registers
 CHUNK_BYTES = 1 << 19  # packed weights every row block reads in turn while they stay in L2
@@ -150,15 +154,18 @@ def driver_ir(max_block: int, tile: int, name: str = "product") -> str:
 class _Kernels:
     """The compiled kernels for 1 .. ``max_block`` rows and the packed ``tile`` width they read (kept
     alive with their engine): with AVX-512, tiles of 32 columns in two 16-lane vectors and blocks of
-    up to 8 rows; with AVX2 only (16 vector registers of 8 lanes), tiles of 24 columns and blocks of up
+    up to 12 rows; with AVX2 only (16 vector registers of 8 lanes), tiles of 24 columns and blocks of up
     to 4 rows (``OMP_NUM_THREADS=1 python benchmark/linear_rows.py`` on a Zen 4 without AVX-512: 4 rows
     of the 49152 x 576 lm_head 4.9 against 7.7 ms with the 32-column tiles, which left 2 rows a block).
     """
 
-    def __init__(self, wide: Optional[bool] = None, prefetch: int = PREFETCH_BYTES) -> None:
+    def __init__(self, wide: Optional[bool] = None, prefetch: int = PREFETCH_BYTES,
+                 max_block: Optional[int] = None) -> None:
         """``wide``: the AVX-512 shapes (True) or the AVX2 ones (False) whatever the host has (LLVM
         splits a 16-lane vector into two where the host has 8); ``None``: what the host has.
-        ``prefetch``: :func:`kernel_ir`'s prefetch distance in bytes (0: none)."""
+        ``prefetch``: :func:`kernel_ir`'s prefetch distance in bytes (0: none). ``max_block``: the
+        most rows a kernel call keeps in registers (``None``: the shape's own, :data:`MAX_BLOCK` or
+        :data:`AVX2_BLOCK`)."""
         import llvmlite.binding as llvm
 
         llvm.initialize_native_target()
@@ -168,6 +175,7 @@ class _Kernels:
             self.max_block, self.tile, lanes = MAX_BLOCK, TILE, 16
         else:
             self.max_block, self.tile, lanes = AVX2_BLOCK, AVX2_TILE, 8
+        self.max_block = max_block or self.max_block
         module = "\n\n".join(
             [f"declare <{lanes} x float> @llvm.fma.v{lanes}f32(<{lanes} x float>, <{lanes} x float>, "
              f"<{lanes} x float>)",

@@ -9,7 +9,7 @@ product, and so is a decode step of a batch.
 :func:`rows_linear` computes ``x @ W^T (+ bias)`` for up to :data:`MAX_ROWS` rows with the
 register-blocked kernels of :mod:`sglang_cpu_port.gemm_ir`: a packed copy of each weight
 (``[tiles, K, tile]``, made once per weight) streams once from memory, and each weight load feeds every
-row of a register block (8 rows with AVX-512, 4 with AVX2 only), so a block costs about what one row
+row of a register block (12 rows with AVX-512, 4 with AVX2 only), so a block costs about what one row
 costs. Every output element
 is the same chain of fused multiply-adds over ``k`` whatever the row count, so the product is
 **batch-invariant** (row ``i`` of any call equals, bit for bit, that row computed alone): a
