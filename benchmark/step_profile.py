@@ -4,7 +4,7 @@ Every method's server is up at once (idle ones sleep, ``--sleep-on-idle``) and `
 samples each for the whole run; each prompt is served by each method in turn, one request at a
 time (batch 1), so a machine whose speed drifts moves every method alike. The samples of each
 server are sorted by what they were inside of, and reported as milliseconds per decode step
-(samples x sampling interval / decode steps; a step commits ``tau`` tokens):
+(samples x sampling interval / decode steps; a step commits ``tau`` tokens), and per decoded token:
 
 * ``prefill``: the prompt's forward (and the draft's, for the speculative methods);
 * ``target forward`` (a verify's for the speculative methods, a decode's for ``none``), split into
@@ -20,17 +20,26 @@ py-spy itself takes CPU time (on a 2-core host, from the servers it samples), an
 slow the most, so the table says where time goes, not how fast a method runs: ``spec_bench.py``
 says that. Its sampling rate is ``--rate``.
 
+With ``--concurrency C`` each method serves all prompts at once, ``C`` requests in flight, before the
+next method takes its turn (the servers admit ``C`` requests and hold ``--max-total-tokens`` of KV, as
+``serving_bench.py`` does); a decode step then serves a batch, so only the ms per decoded token
+(``ms_per_token``) compares methods; ``ms_per_step`` is per request's step there.
+
     OMP_NUM_THREADS=1 python benchmark/step_profile.py --split tune --num-prompts 2 --json out/step_profile.json
+    OMP_NUM_THREADS=1 python benchmark/step_profile.py --split tune --num-prompts 2 --concurrency 8 \
+        --json out/step_profile_c8.json
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -104,12 +113,16 @@ class Spy:
 def render(report: dict) -> str:
     """The markdown table of a report: ms per decode step by part, and the decode step's sum."""
     cols = ("prefill",) + STEP
-    lines = ["| method | tokens / step | " + " | ".join(cols) + " | decode step |", "|---|---|" + "---|" * (len(cols) + 1)]
-    for name, m in report["methods"].items():
-        ms = m["ms_per_step"]
-        lines.append(f"| {name} | {m['tokens_per_step']} | " + " | ".join(str(ms[p]) for p in cols)
-                     + f" | {sum(ms[p] for p in STEP):.1f} |")
-    return "\n".join(lines) + "\n"
+    lines = []
+    for unit in ("ms_per_step", "ms_per_token"):
+        lines += [f"{unit.replace('_', ' ')}:", "",
+                  "| method | tokens / step | " + " | ".join(cols) + " | decode |", "|---|---|" + "---|" * (len(cols) + 1)]
+        for name, m in report["methods"].items():
+            ms = m[unit]
+            lines.append(f"| {name} | {m['tokens_per_step']} | " + " | ".join(str(ms[p]) for p in cols)
+                         + f" | {sum(ms[p] for p in STEP):.1f} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -120,6 +133,9 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=2, help="prompts per category")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="requests in flight; above 1 each method serves every prompt at once in its turn")
+    ap.add_argument("--max-total-tokens", type=int, default=8192, help="KV pool with --concurrency above 1")
     ap.add_argument("--py-spy", dest="spy", default=str(Path(sys.executable).with_name("py-spy")),
                     help="py-spy binary (default: beside this Python, scripts/install_bench.sh installs it)")
     ap.add_argument("--json", type=Path, default=HERE / "out" / "step_profile.json")
@@ -138,31 +154,48 @@ def main() -> None:
     out_dir = args.json.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     tokens = {n: [0, 0, 0] for n in names}  # completion tokens, requests, decode steps
+    counting = threading.Lock()
+    load = [] if args.concurrency == 1 else ["--max-running-requests", str(args.concurrency),
+                                             "--max-total-tokens", str(args.max_total_tokens)]
+
+    def serve(name: str, ids: list[int]) -> None:
+        meta = servers[name].generate_ids(ids, args.max_new_tokens, temperature=0.0, ignore_eos=False)["meta_info"]
+        with counting:
+            _count(tokens[name], meta)
+
+    def _count(counts: list, meta: dict) -> None:
+        counts[0] += meta["completion_tokens"]
+        counts[1] += 1
+        # speculative methods: verify steps; none: a step per token after the prefill's
+        counts[2] += meta.get("spec_verify_ct") or meta["completion_tokens"] - 1
+
     with contextlib.ExitStack() as running:
         servers = {}
         for name in names:
             servers[name] = srv = running.enter_context(SGLangServer(
-                model, spec_bench.server_args(table[name], draft, "float32"),
+                model, spec_bench.server_args(table[name], draft, "float32") + load,
                 log_path=out_dir / f"step_profile-{name}.log"))
             srv.generate_ids(prompts[0][1][:8], 4)  # warm-up, outside the samples
         with contextlib.ExitStack() as sampled:
             for n, srv in servers.items():
                 sampled.enter_context(Spy(args.spy, srv.proc.pid, out_dir / f"step_profile-{n}.raw", args.rate))
-            for i, (_, ids) in enumerate(prompts):
-                for name in names[i % len(names):] + names[: i % len(names)]:
-                    r = servers[name].generate_ids(ids, args.max_new_tokens, temperature=0.0, ignore_eos=False)
-                    meta = r["meta_info"]
-                    tokens[name][0] += meta["completion_tokens"]
-                    tokens[name][1] += 1
-                    # speculative methods: verify steps; none: a step per token after the prefill's
-                    tokens[name][2] += meta.get("spec_verify_ct") or meta["completion_tokens"] - 1
+            if args.concurrency == 1:
+                for i, (_, ids) in enumerate(prompts):
+                    for name in names[i % len(names):] + names[: i % len(names)]:
+                        serve(name, ids)
+            else:
+                for name in names:
+                    with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+                        list(pool.map(lambda ids, name=name: serve(name, ids), [ids for _, ids in prompts]))
     report = {"config": {k: str(v) for k, v in vars(args).items() if k not in ("json", "spy")}, "methods": {}}
     for name in names:
         decoded, steps = tokens[name][0] - tokens[name][1], tokens[name][2]  # a request's first token: its prefill
         counts = parts(out_dir / f"step_profile-{name}.raw", name)
         ms = {p: round(counts[p] * 1e3 / args.rate / steps, 2) for p in PARTS}
+        per_token = {p: round(counts[p] * 1e3 / args.rate / decoded, 2) for p in PARTS}
         report["methods"][name] = {"decode_steps": steps, "tokens": tokens[name][0],
-                                   "tokens_per_step": round(decoded / steps, 3), "ms_per_step": ms}
+                                   "tokens_per_step": round(decoded / steps, 3), "ms_per_step": ms,
+                                   "ms_per_token": per_token}
     args.json.write_text(json.dumps(report, indent=1))
     md = render(report)
     args.json.with_suffix(".md").write_text(md)
