@@ -383,8 +383,10 @@ def test_the_same_values_get_a_smaller_budget_in_a_larger_batch():
 
 
 def test_resolved_budgets():
-    assert GraftConfig().resolved_budgets(16) == (1, 2, 4, 8, 16)
+    assert GraftConfig().resolved_budgets(16) == (1, 2, 4, 8, 12, 16)
     assert GraftConfig().resolved_budgets(12) == (1, 2, 4, 8, 12)
+    assert GraftConfig().resolved_budgets(32) == (1, 2, 4, 8, 12, 16, 24, 32)
+    assert GraftConfig().resolved_budgets(9) == (1, 2, 4, 8, 9)
     assert GraftConfig(budget_mode="fixed").resolved_budgets(16) == (16,)
     assert GraftConfig(budgets=(4, 2, 16)).resolved_budgets(16) == (2, 4, 16)
     assert np.all(np.diff(GraftConfig().resolved_budgets(61)) > 0)
