@@ -77,8 +77,9 @@ class Seam:
             raise self.error(f"missing ({type(e).__name__}: {e})") from None
 
     def resolve_owner(self) -> Any:
+        """The module or class that holds the internal (checked by :meth:`resolve` first)."""
         self.resolve()
-        return pkgutil.resolve_name(self.owner)
+        return _OWNERS[self.target][0]
 
 
 _SW = "sglang.srt.speculative"
