@@ -113,7 +113,7 @@ class GraftConfig:
         Chosen on spec_bench's tune split (SmolLM2-135M, batch 1, AVX-512 Xeon): adding 12 to
         ``(1, 2, 4, 8, 16)`` took GRAFT from 1.67x to 1.73x no speculation, every category alike or
         faster, N = 12 chosen in 68 % of steps (``benchmark/results/smollm2_tune_budget12_avx512.md``);
-        on an AVX2 host (4-row blocks) it had made no difference (1.30x against 1.33x, the same tau).
+        on an AVX2 host (4-row blocks) it had made no clear difference (1.33x against 1.30x, the same tau).
         """
         if self.budget_mode == "fixed":
             return (num_nodes,)
