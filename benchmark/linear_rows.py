@@ -53,7 +53,7 @@ def forward_ms(products: dict, weights, lm_head, rows: int, hidden: int, interme
 def python_loop_product(kern, x_ptr, ldx, rows, packed_ptr, tiles, depth, out_ptr, ldo) -> None:
     """``gemm_ir.product`` with its loops in Python: a call per row block and chunk of tiles."""
     tile = kern.tile
-    chunk = tiles if rows <= kern.max_block else max(1, gemm_ir.CHUNK_BYTES // (4 * depth * tile))
+    chunk = gemm_ir.chunk_tiles(kern, rows, tiles, depth)
     for start in range(0, tiles, chunk):
         count = min(chunk, tiles - start)
         for done in range(0, rows, kern.max_block):

@@ -160,14 +160,11 @@ def main() -> None:
 
     def serve(name: str, ids: list[int]) -> None:
         meta = servers[name].generate_ids(ids, args.max_new_tokens, temperature=0.0, ignore_eos=False)["meta_info"]
-        with counting:
-            _count(tokens[name], meta)
-
-    def _count(counts: list, meta: dict) -> None:
-        counts[0] += meta["completion_tokens"]
-        counts[1] += 1
         # speculative methods: verify steps; none: a step per token after the prefill's
-        counts[2] += meta.get("spec_verify_ct") or meta["completion_tokens"] - 1
+        steps = meta.get("spec_verify_ct") or meta["completion_tokens"] - 1
+        with counting:
+            for i, n in enumerate((meta["completion_tokens"], 1, steps)):
+                tokens[name][i] += n
 
     with contextlib.ExitStack() as running:
         servers = {}

@@ -238,5 +238,10 @@ def product(kern: _Kernels, x_ptr: int, ldx: int, rows: int, packed_ptr: int, ti
     tile 54 KiB, so 9 tiles a chunk): for each chunk, rows 0-3 then rows 4-5 over the chunk's tiles.
     The loops run in one compiled call (:func:`driver_ir`).
     """
-    chunk = tiles if rows <= kern.max_block else max(1, CHUNK_BYTES // (4 * depth * kern.tile))
-    kern.product(x_ptr, ldx, rows, packed_ptr, tiles, depth, out_ptr, ldo, chunk)
+    kern.product(x_ptr, ldx, rows, packed_ptr, tiles, depth, out_ptr, ldo, chunk_tiles(kern, rows, tiles, depth))
+
+
+def chunk_tiles(kern: _Kernels, rows: int, tiles: int, depth: int) -> int:
+    """Tiles per chunk for :func:`product`: all of them for one block of rows, else about
+    :data:`CHUNK_BYTES` of packed weights (at least one tile)."""
+    return tiles if rows <= kern.max_block else max(1, CHUNK_BYTES // (4 * depth * kern.tile))
