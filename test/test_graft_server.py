@@ -275,6 +275,26 @@ def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extr
         assert sum(graft["stage_histogram"][1:]) > 0 and retrieved > 0
 
 
+def test_ragged_steps_under_concurrency_are_token_exact_and_leave_padding_out(tiny_models, server_logs, reference,
+                                                                               tmp_path):
+    """Ragged steps (the CPU default) with every prompt in flight at once: each request's tree holds
+    its share of the batch's verify rows, the rows past it are left out of the forward, and every
+    output is still the plain server's, greedy; sampling requests complete through the same trees.
+    Step costs pinned and plain steps off, so that the steps speculate on any machine."""
+    ids, ref = reference
+    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-ragged", "on",
+                                                        "--speculative-graft-plain-steps", "off"),
+                      log_path=server_logs / "graft-ragged.log", env=pinned_env(tmp_path / "pinned")) as srv:
+        with cf.ThreadPoolExecutor(len(ids)) as pool:
+            outs = list(pool.map(lambda p: srv.generate_ids(p, NEW_TOKENS), ids))
+            sampled = list(pool.map(lambda p: srv.generate_ids(p, 24, temperature=0.8, top_p=0.9, sampling_seed=3),
+                                    ids[:8]))
+        economy = _server_info(srv)["graft"]["economy"]
+    assert [o["output_ids"] for o in outs] == ref
+    assert all(len(o["output_ids"]) == 24 and all(0 <= t < 4096 for t in o["output_ids"]) for o in sampled)
+    assert 0 < economy["verify_rows"] < economy["verify_slots"], economy
+
+
 @pytest.mark.parametrize("mode,extra", [
     ("tree", []),
     ("chain", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]),

@@ -4,7 +4,8 @@ not part of GRAFT (GRAFT's plugin does not import it; it serves any SGLang model
 ``boot`` (interpreter start, CPU profile only) makes SGLang importable; ``install_hooks`` (called
 by this package's own ``sglang.srt.plugins`` entry point, :func:`register`) keeps SGLang's ``intel_amx`` attention backend, whose kernels the
 stand-in provides in pure torch, on CPUs that have no AMX, computes float32 linears and lm_heads of
-a few rows with a batch-invariant kernel (``linear``), and replaces two MoE paths that fail on
+a few rows with a batch-invariant kernel (``linear``), runs a verify's forward on the rows that
+are read only (``rows``), and replaces two MoE paths that fail on
 a CPU (``moe``: Qwen2-MoE's Triton shared-expert gate, ``--ep-size > 1``'s ``-1`` expert ids).
 """
 
@@ -95,13 +96,14 @@ def take_cuda_branches() -> None:
 def install_hooks() -> bool:
     """Register the CPU hooks with SGLang's HookRegistry; a no-op unless the stand-in serves."""
     from sglang_graft.sglang import seams
-    from sglang_cpu_port import linear, moe, quiet
+    from sglang_cpu_port import linear, moe, quiet, rows
 
     if not (seams.IS_CPU.resolve()() and standin_active()):
         return False
     seams.register_hook(seams.CPU_BACKEND_FALLBACK, _keep_intel_amx_backend, "AROUND")
     seams.register_hook(seams.CPU_LM_HEAD, _lm_head_small_batch, "AROUND")
     seams.register_hook(seams.CPU_LINEAR, linear._linear_method_apply, "AROUND")
+    seams.register_hook(seams.CPU_FORWARD_ROWS, rows._forward_with_rows, "AROUND")
     for seam in seams.CPU_WEIGHT_UPDATES:
         seams.register_hook(seam, linear._after_weight_update, "AFTER")
     seams.register_hook(seams.CPU_SHARED_EXPERT_GATE, moe._shared_gate_on_cpu, "AROUND")

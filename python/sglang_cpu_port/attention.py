@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from sglang_cpu_port import rows
+
 _LIB: Optional[torch.library.Library] = None
 
 
@@ -248,7 +250,9 @@ def extend_attention_cpu(
     Where no key falls out of a sliding window and there is no soft cap or sink, a verify or an
     extend of up to :data:`FOLD_ROWS` tokens after a cached prefix runs :func:`attend_folded` (the
     prefix all visible, the tree or causal rule among the new tokens); a prefill from position 0,
-    torch's fused causal kernel; everything else the general :func:`attend`.
+    torch's fused causal kernel; everything else the general :func:`attend`. In a forward that
+    runs on the rows it reads (:mod:`sglang_cpu_port.rows`), ``q_extend`` / ``o_extend`` hold those
+    rows only, packed, and a request's rows past them serve as no key.
     """
     bs = seq_lens.shape[0]
     seq, exts, q0s = seq_lens.tolist(), extend_seq_lens.tolist(), extend_start_loc.tolist()
@@ -258,17 +262,26 @@ def extend_attention_cpu(
     else:
         starts, ends = enc, [e + n for e, n in zip(enc, seq)]
     rows_of = _request_rows(req_to_token, req_pool_indices, starts, ends)
+    # a forward on the rows that are read only (sglang_cpu_port.rows): request b's queries are its
+    # first lens[b] rows, packed; its keys stop there too (no read row sees a later one)
+    read = rows.compact_layout(q_extend.shape[0], exts) if not is_cross_attn else None
     for b in range(bs):
         seq_len, ext, q0 = seq[b], exts[b], q0s[b]
         if ext == 0:
             continue
-        prefix = seq_len - ext
-        rows = rows_of[b]
-        k = _gather_kv(k_buffer, rows, k_scale)
-        v = _gather_kv(v_buffer, rows, v_scale)
-        q = q_extend[q0 : q0 + ext]
-        num_keys = ends[b] - starts[b]
         tm = tree_mask.view(-1, ext, ext)[b] if tree_mask is not None else None  # [E, E] ancestor-or-self
+        num_keys = ends[b] - starts[b]
+        kv_rows = rows_of[b]
+        if read is not None:
+            used, q0 = read.lens[b], read.offsets[b]
+            drop = ext - used
+            seq_len, num_keys, ext = seq_len - drop, num_keys - drop, used
+            tm = tm[:used, :used] if tm is not None else None
+            kv_rows = slice(kv_rows.start, kv_rows.stop - drop) if isinstance(kv_rows, slice) else kv_rows[:num_keys]
+        prefix = seq_len - ext
+        k = _gather_kv(k_buffer, kv_rows, k_scale)
+        v = _gather_kv(v_buffer, kv_rows, v_scale)
+        q = q_extend[q0 : q0 + ext]
         windowless = sliding_window_size <= 0 or seq_len <= sliding_window_size
         if (is_causal and not is_cross_attn and windowless and _fused(logit_cap, sinks) and ext <= FOLD_ROWS
                 and (prefix > 0 or tm is not None)):

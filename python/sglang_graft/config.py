@@ -48,6 +48,10 @@ SYNC_FREE_MODES = ("auto", "on", "off")
 # --speculative-graft-plain-steps: where a cost-aware step may be decided plain (N = 1, the roots
 # verified alone): in batches of two or more requests (batched), in every batch (on), never (off).
 PLAIN_STEP_MODES = ("batched", "on", "off")
+# --speculative-graft-ragged: a cost-aware step gives each request its own number of verify slots
+# (the batch's most valuable nodes) and leaves the unused slots' rows out of the verify (on), or gives
+# every request the chosen budget (off); auto: on where a left-out row costs nothing (a CPU target).
+RAGGED_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class GraftConfig:
     # the default: deferring was slower under load on the tuning split, benchmark/RESULTS.md)
     draft_lag: int = 0
     graph: str = "auto"  # the tree build replayed from captured graphs (see GRAPH_MODES)
+    ragged: str = "auto"  # per-request verify slots (see RAGGED_MODES)
 
     def resolved_checkpoints(self, num_steps: int) -> Tuple[int, ...]:
         """Checkpoint depths for a draft of ``num_steps`` levels (depths 0..num_steps-1)."""
@@ -148,6 +153,16 @@ class GraftConfig:
         (``auto`` is ``off`` on every device for now: on a CPU the capture runs through the
         stand-in, and on CUDA it has run outside a server only, not in a served step)."""
         return "off" if self.graph == "auto" else self.graph
+
+    def resolved_ragged(self, device, sync_free: bool) -> bool:
+        """Whether a cost-aware step sizes each request's tree on its own (``auto``: on a CPU, where
+        the CPU port leaves the unused slots' rows out of the verify; never with the fixed budget or
+        sync-free steps, whose budget is decided for the batch)."""
+        if self.budget_mode != "cost" or sync_free:
+            return False
+        if self.ragged == "auto":
+            return torch.device(device).type == "cpu"
+        return self.ragged == "on"
 
     def resolved_sync_free(self, device) -> bool:
         """Whether the decode step runs without host reads on ``device`` (``auto``: on CUDA, unless
@@ -216,6 +231,11 @@ _FLAGS: dict[str, dict[str, Any]] = {
                   "fixed budget, sync-free steps), run the draft loop from a graph per bucket and depth (on a CPU; "
                   "eager on CUDA and with tensor parallelism); shadow: on, and each replay checked against an "
                   "eager run (a test mode, host reads); off: eager; auto: off (no capture has run on a GPU yet)."),
+    "ragged": dict(choices=RAGGED_MODES, help="Cost-aware budget: on: the chosen budget N sets the batch's verify "
+                   "rows (batch size x N), shared out among the requests by node value, so a request with confident "
+                   "candidates gets more slots than one without (each at most --speculative-num-draft-tokens); the "
+                   "slots a request does not use are padding whose rows the CPU port leaves out of the verify "
+                   "forward. off: every request gets N slots. auto: on with a CPU target. Not with sync-free steps."),
     "per_step_metrics": dict(action=argparse.BooleanOptionalAction, help="Report GRAFT's counts per verify step "
                              "in each response's meta_info (per-step acceptance patterns can fingerprint content); "
                              "by default responses carry per-request totals."),
@@ -273,6 +293,9 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
     if cfg.graph in ("on", "shadow") and cfg.placement != "root":
         raise ValueError(f"{flag_name('graph')} {cfg.graph} needs {flag_name('placement')} root (retrieval under a "
                          "draft node is proposed inside the tree build, from a host read)")
+    if cfg.ragged == "on" and (cfg.budget_mode != "cost" or cfg.sync_free == "on"):
+        raise ValueError(f"{flag_name('ragged')} on needs {flag_name('budget_mode')} cost and "
+                         f"{flag_name('sync_free')} off or auto (the budget is shared out by each step's node values)")
     if cfg.draft_lag < 0:
         raise ValueError(f"{flag_name('draft_lag')} must be >= 0 (0 = the draft extends after every plain step), "
                          f"got {cfg.draft_lag}")

@@ -30,7 +30,9 @@ class StepPlan:
     stage: torch.Tensor  # [bs] int64: first checkpoint drafted so far that failed (C: none)
     checked: int = 0  # checkpoints evaluated so far
     passes: int = 0  # draft forward passes run
-    num_nodes: int = 0  # chosen verify budget
+    num_nodes: int = 0  # chosen verify budget N (a ragged step: bs * N verify rows shared out by value)
+    width: int = 0  # slots per request in the verify (SGLang's draft_token_num): N, or a ragged step's widest share
+    rows: Optional[int] = None  # host, ragged steps: verify rows in use (the others are padding, left out)
     explore: bool = False
     explore_k: Optional[int] = None  # exploring steps: the index of the budget this step measures
     planned_passes: Optional[int] = None  # sync-free: draft passes decided before the draft
@@ -38,6 +40,14 @@ class StepPlan:
     expected: Optional[float] = None  # host: the batch's expected tokens at the chosen budget (not sync-free)
     context: int = 0  # host: tokens of context in the batch (sum over its requests), which the cost model prices
     committed: Optional[int] = None  # host: tokens the step committed, once known (not sync-free)
+
+    def priced_budget(self, budgets) -> int:
+        """The budget whose cost cell this step's time measures: ``num_nodes``, or for a ragged step the
+        budget whose ``bs * N`` rows are nearest the rows it used (ties: the smaller)."""
+        if self.rows is None:
+            return self.num_nodes
+        bs = len(self.rids)
+        return min(budgets, key=lambda n: (abs(bs * n - self.rows), n))
 
 
 @dataclass
@@ -57,6 +67,10 @@ class PlainPlan:
     guarded: bool = False  # plain because speculation realized fewer tokens per second (RateGuard)
     committed: Optional[int] = None  # host: tokens the step committed (one per request), once known
 
+    def priced_budget(self, budgets) -> int:
+        """The budget whose cost cell this step's time measures: 1."""
+        return self.num_nodes
+
 
 @dataclass
 class StepStats:
@@ -68,6 +82,10 @@ class StepStats:
     plain_steps: int = 0  # steps decided plain (N = 1, a decode step: no draft pass, no tree)
     guarded_steps: int = 0  # plain steps among them decided by the rate guard
     budget_histogram: Counter = field(default_factory=Counter)
+    # speculative steps: verify rows computed, and slots verified (batch size x tree width; ragged
+    # steps leave the padding rows past each request's share out)
+    verify_rows: int = 0
+    verify_slots: int = 0
     # cost-aware steps whose outcome is known: tokens the chosen budget expected, tokens committed
     checked_steps: int = 0
     expected_tokens: float = 0.0
@@ -101,6 +119,7 @@ class StepStats:
                 "skipped_drafts": self.skipped_drafts, "plain_steps": self.plain_steps,
                 "guarded_steps": self.guarded_steps,
                 "budget_histogram": {str(k): v for k, v in sorted(self.budget_histogram.items())},
+                "verify_rows": self.verify_rows, "verify_slots": self.verify_slots,
                 "expected_vs_committed": {"steps": n, "expected_per_step": self.expected_tokens / n if n else 0.0,
                                           "committed_per_step": self.committed_tokens / n if n else 0.0},
                 "step_time_by_kind": self._kinds()}

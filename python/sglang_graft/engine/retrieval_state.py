@@ -224,9 +224,13 @@ class GraftRetrieval:
                 source.extend(rid, toks)
 
     def learn(self, node_tokens: torch.Tensor, node_valid: torch.Tensor, logits: torch.Tensor,
-              scopes: Optional[torch.Tensor] = None) -> None:
+              scopes: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None) -> None:
         """Every source learns from the verified nodes (the recycling matrix: the target's top-k
         successors of each). Fixed shapes: ``node_tokens`` / ``node_valid`` ``[bs, N]``, ``logits``
-        ``[bs * N, V']`` (``V' >= vocab``); ``scopes``: :meth:`scope_index` of the batch."""
-        for source in self.sources:
-            source.learn(node_tokens, node_valid, logits, scopes)
+        ``[bs * N, V']`` (``V' >= vocab``); ``scopes``: :meth:`scope_index` of the batch; ``rows``:
+        the flat indices of the valid nodes where known (a ragged step's), else None."""
+        for source in self.sources:  # (a source written before ``rows`` existed is called without it)
+            if rows is None:
+                source.learn(node_tokens, node_valid, logits, scopes)
+            else:
+                source.learn(node_tokens, node_valid, logits, scopes, rows)

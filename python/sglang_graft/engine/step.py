@@ -47,6 +47,7 @@ from sglang_graft.config import GraftConfig
 from sglang_graft.graphs import capture_count
 from sglang_graft.engine.lagged import LaggedEntry
 from sglang_graft.engine.plans import PlainPlan, StepPlan, StepStats
+from sglang_graft.engine.ragged import share_budgets
 from sglang_graft.engine.rate_guard import RateGuard
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.tree_graph import POISON_ENV, TreeGraphs
@@ -72,13 +73,16 @@ class GraftStepper:
         budgets: verify budgets ``N`` the step may choose (ascending; the last is the largest);
             ``fixed`` mode uses only the last.
         device: the model's device.
+        ragged: cost-aware steps share the batch's verify rows out by node value
+            (:mod:`sglang_graft.engine.ragged`) instead of giving each request the budget.
     """
 
     EXPLORE_EVERY = 32  # one step in this many measures a budget in turn (the cost model's data)
     PUBLISH_EVERY = 8  # the cost model's published table is refreshed every this many steps
 
     def __init__(self, cfg: GraftConfig, retrieval: GraftRetrieval, num_steps: int, topk: int,
-                 budgets: Sequence[int], device, all_reduce_sum=None, sync_free: bool = False) -> None:
+                 budgets: Sequence[int], device, all_reduce_sum=None, sync_free: bool = False,
+                 ragged: bool = False) -> None:
         self.cfg = cfg
         self.retrieval = retrieval
         self.num_steps = num_steps
@@ -96,6 +100,7 @@ class GraftStepper:
         self.checkpoints = cfg.resolved_checkpoints(num_steps)
         self.prune = {n: cfg.prune_config(n, num_steps) for n in self.budgets}
         self.sync_free = sync_free
+        self.ragged = ragged and self.cost_aware and not sync_free
         # prune -> graft -> flatten -> mask: eager, or replayed from captured graphs (--speculative-graft-graph)
         graph = cfg.resolved_graph()
         self.tree_graphs = (TreeGraphs(graph, poison=os.environ.get(POISON_ENV) == "1")
@@ -261,9 +266,15 @@ class GraftStepper:
         beams = torch.topk(at_depth, min(self.topk, at_depth.shape[1]), dim=1).values
         later = torch.cat([now, torch.where(alive[:, None], beams, 0.0)], dim=1)
         k = len(self.budgets)
-        host = torch.cat([alive.any().float()[None], expected_tokens(now, self.budgets).sum(0),
-                          expected_tokens(later, self.budgets).sum(0)]).tolist()
+        host = torch.cat([alive.any().float()[None], self._batch_expected(now), self._batch_expected(later)]).tolist()
         return host[1: 1 + k], (host[1 + k:] if host[0] else None)
+
+    def _batch_expected(self, values: torch.Tensor) -> torch.Tensor:
+        """``[K]`` the batch's expected tokens per budget from node values ``[bs, C]``: each request's
+        ``N - 1`` best, or for ragged steps the batch's best ``bs * (N - 1)`` (see ``engine.ragged``)."""
+        if self.ragged:
+            return share_budgets(values, self.budgets, self.max_nodes - 1).expected
+        return expected_tokens(values, self.budgets).sum(0)
 
     def _deeper_pays_given(self, plan: StepPlan, e_now: list, e_later: Optional[list]) -> bool:
         """:meth:`_deeper_pays` from :meth:`_expectations`' answer: the best rate over the budgets
@@ -350,16 +361,19 @@ class GraftStepper:
 
     def build(self, plan: StepPlan, pool: DraftPool, seq_lens: torch.Tensor) -> GraftStep:
         """Choose the budget ``N`` (``plan.num_nodes``) and build the tree (prune -> graft ->
-        flatten): ``pool [bs, M]``, ``seq_lens [bs]`` -> a :class:`GraftStep` of ``[bs, N]`` trees."""
+        flatten): ``pool [bs, M]``, ``seq_lens [bs]`` -> a :class:`GraftStep` of ``[bs, W]`` trees
+        (``W = plan.width``: ``N``, or for a ragged step the budget that fits the largest share)."""
         bs = len(plan.rids)
         if not self.cost_aware:
-            plan.num_nodes = self.max_nodes
+            plan.num_nodes = plan.width = self.max_nodes
             return self.build_tree(pool, plan.root_tokens, plan.proposals, seq_lens, self.max_nodes,
                                     self.prune[self.max_nodes], self.cfg.placement)
         draft_values = self._draft_values(plan, pool)
         union = self._union_values(plan, pool, draft_values)
         plan.expected_rows = expected_tokens(union, self.budgets)
         secs = [self.cost.step(bs=bs, num_nodes=n, passes=plan.passes, context=plan.context) for n in self.budgets]
+        if self.ragged:
+            return self._build_ragged(plan, pool, seq_lens, union, secs)
         expected = None if self.sync_free else plan.expected_rows.sum(0).tolist()  # the one host read
         if plan.explore:
             k = plan.explore_k
@@ -367,7 +381,7 @@ class GraftStepper:
             k = self._lagged_budget(bs, secs)
         else:
             k = choose_budget(expected, secs)
-        n = plan.num_nodes = self.budgets[k]
+        n = plan.num_nodes = plan.width = self.budgets[k]
         plan.expected = None if expected is None else expected[k]
         # draft nodes among the n - 1 most valuable of the union, per request
         m = pool.size
@@ -376,6 +390,29 @@ class GraftStepper:
         num_keep = (order < m).sum(dim=1)
         return self.build_tree(pool, plan.root_tokens, plan.proposals, seq_lens, n, self.prune[n], self.cfg.placement,
                                 num_keep=num_keep, depth_limit=plan.exit_depth)
+
+    def _build_ragged(self, plan: StepPlan, pool: DraftPool, seq_lens: torch.Tensor, union: torch.Tensor,
+                      secs: Sequence[float]) -> GraftStep:
+        """:meth:`build` for a ragged step: budget ``N`` buys ``bs * N`` rows, shared out by value
+        (:func:`~sglang_graft.engine.ragged.share_budgets`); each request's tree holds its share of
+        the batch's best nodes, the tree is as wide as the budget that fits the largest share, and
+        ``plan.rows`` counts the rows used. Two host reads."""
+        bs, m = len(plan.rids), pool.size
+        shared = share_budgets(union, self.budgets, self.max_nodes - 1)
+        expected = shared.expected.tolist()
+        k = plan.explore_k if plan.explore else choose_budget(expected, secs)
+        plan.num_nodes, plan.expected = self.budgets[k], expected[k]
+        counts = shared.node_counts(bs, plan.num_nodes)  # [bs] slots, root included
+        widest, rows = torch.stack([counts.max(), counts.sum()]).tolist()
+        plan.width = next(n for n in self.budgets if n >= widest)
+        plan.rows = rows
+        # draft nodes among each request's share of its most valuable nodes
+        top = max(0, min(self.max_nodes - 1, union.shape[1]))
+        order = torch.topk(union, top, dim=1).indices if top else union[:, :0].long()
+        in_share = torch.arange(top, device=union.device)[None, :] < (counts - 1)[:, None]
+        num_keep = ((order < m) & in_share).sum(dim=1)
+        return self.build_tree(pool, plan.root_tokens, plan.proposals, seq_lens, plan.width, self.prune[plan.width],
+                               self.cfg.placement, num_keep=num_keep, depth_limit=plan.exit_depth, node_counts=counts)
 
     def _lagged_budget(self, bs: int, secs: Sequence[float]) -> int:
         """Sync-free budget index: the newest known step's mean expected tokens per request of
@@ -418,7 +455,8 @@ class GraftStepper:
         # a step that captured a graph (--speculative-graft-graph) timed the capture: not a cost sample
         self._captured.append(capture_count() != self._captures)  # one per step the timer holds
         self._captures = capture_count()
-        observed = self.timer.end(None if plan is None else (bs, plan.num_nodes, plan.passes, plain, plan.context,
+        priced = None if plan is None else plan.priced_budget(self.budgets)
+        observed = self.timer.end(None if plan is None else (bs, priced, plan.passes, plain, plan.context,
                                                              plan.committed, plan.explore))
         for phases, step in observed:
             captured = self._captured.popleft()
@@ -438,6 +476,9 @@ class GraftStepper:
         self.stats.draft_passes += plan.passes
         self.stats.skipped_drafts += plan.passes == 0
         self.stats.budget_histogram[plan.num_nodes] += 1
+        if not plain:
+            self.stats.verify_slots += bs * plan.width
+            self.stats.verify_rows += bs * plan.width if plan.rows is None else plan.rows
         if self.stats.steps <= len(self.budgets) or self.stats.steps % self.PUBLISH_EVERY == 1:
             # the same steps on every rank: decisions read the published (rank-averaged) table
             self.cost.publish(self.all_reduce_sum)

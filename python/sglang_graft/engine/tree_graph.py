@@ -96,18 +96,18 @@ class TreeGraphs:
     def __call__(self, pool: DraftPool, root_tokens: torch.Tensor,
                  proposals: Union[RetrievalProposals, callable], seq_lens: torch.Tensor, num_nodes: int,
                  config: PruneConfig, placement: str = "root", *, num_keep: Optional[torch.Tensor] = None,
-                 depth_limit: Optional[torch.Tensor] = None) -> GraftStep:
+                 depth_limit: Optional[torch.Tensor] = None, node_counts: Optional[torch.Tensor] = None) -> GraftStep:
         if placement != "root":
             raise ValueError("a captured tree build grafts under the root only (placement 'root')")
         if callable(proposals):
             proposals = proposals(root_tokens.to(torch.int64))
-        optional = [t for t in (num_keep, depth_limit) if t is not None]
+        optional = [t for t in (num_keep, depth_limit, node_counts) if t is not None]
         inputs = [*_tensors(pool), root_tokens, *_tensors(proposals), seq_lens, *optional]  # each [bs, ...]
         n_pool, n_prop = len(_tensors(pool)), len(_tensors(proposals))
         bs = root_tokens.shape[0]
         bucket = batch_bucket(bs)
         key = (num_nodes, config, placement, pool.topk, pool.num_steps, num_keep is not None,
-               depth_limit is not None, tuple(((bucket, *t.shape[1:]), t.dtype, str(t.device)) for t in inputs))
+               depth_limit is not None, node_counts is not None, tuple(((bucket, *t.shape[1:]), t.dtype, str(t.device)) for t in inputs))
 
         def fn_factory():
             def build(*static):
@@ -123,8 +123,10 @@ class TreeGraphs:
                 keep = static[i] if num_keep is not None else None
                 i += num_keep is not None
                 limit = static[i] if depth_limit is not None else None
+                i += depth_limit is not None
+                counts = static[i] if node_counts is not None else None
                 return build_graft_tree(p, root, props, lens, num_nodes, config, placement,
-                                        num_keep=keep, depth_limit=limit)
+                                        num_keep=keep, depth_limit=limit, node_counts=counts)
 
             return build
 
@@ -135,7 +137,7 @@ class TreeGraphs:
         self.padded_replays += bs < bucket
         if self.mode == "shadow":
             self._compare(step, build_graft_tree(pool, root_tokens, proposals, seq_lens, num_nodes, config, placement,
-                                                 num_keep=num_keep, depth_limit=depth_limit))
+                                                 num_keep=num_keep, depth_limit=depth_limit, node_counts=node_counts))
         return step
 
     def _compare(self, replayed: GraftStep, eager: GraftStep) -> None:

@@ -100,15 +100,19 @@ class RecycleSource(RetrievalSource):
 
     # -- learning and calibration ----------------------------------------------------------------
     def learn(self, node_tokens: torch.Tensor, node_valid: torch.Tensor, logits: torch.Tensor,
-              scopes: Optional[torch.Tensor] = None) -> None:
+              scopes: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None) -> None:
         """``M[scope][token(node)] = topk(logits(node))`` for every verified node (accepted and
         rejected). Fixed shapes: ``node_tokens`` / ``node_valid`` ``[bs, N]``, ``logits``
-        ``[bs * N, V']`` (``V' >= vocab``); padding nodes' rows go to the matrix's dump row."""
+        ``[bs * N, V']`` (``V' >= vocab``); padding nodes' rows go to the matrix's dump row. With
+        ``rows`` (the valid nodes' flat indices) the top-k runs on those rows only: the same update."""
         bs, n = node_tokens.shape
-        topk = torch.topk(logits[:, :self.matrix.vocab_size], self.matrix.k, dim=-1).indices
+        tokens, valid = node_tokens.reshape(-1).to(torch.int64), node_valid.reshape(-1)
         node_scopes = None if scopes is None else scopes.repeat_interleave(n)
-        self.matrix.update(node_tokens.reshape(-1).to(torch.int64), topk, scopes=node_scopes,
-                           valid=node_valid.reshape(-1))
+        if rows is not None:
+            logits, tokens, valid = logits.index_select(0, rows), tokens[rows], valid[rows]
+            node_scopes = None if node_scopes is None else node_scopes[rows]
+        topk = torch.topk(logits[:, :self.matrix.vocab_size], self.matrix.k, dim=-1).indices
+        self.matrix.update(tokens, topk, scopes=node_scopes, valid=valid)
 
     @classmethod
     def bin_prior(cls) -> torch.Tensor:

@@ -153,8 +153,10 @@ class RetrievalSource(abc.ABC):
 
     # -- learning and calibration ----------------------------------------------------------------
     def learn(self, node_tokens: torch.Tensor, node_valid: torch.Tensor, logits: torch.Tensor,
-              scopes: Optional[torch.Tensor] = None) -> None:
-        """After verify: ``node_tokens`` / ``node_valid`` ``[bs, N]``, ``logits [bs * N, V']``."""
+              scopes: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None) -> None:
+        """After verify: ``node_tokens`` / ``node_valid`` ``[bs, N]``, ``logits [bs * N, V']``;
+        ``rows``: the flat indices of the valid nodes when the caller knows them (a ragged step,
+        whose padding is most of its rows), else None."""
 
     def bin_prior(self) -> torch.Tensor:
         """``[num_bins] float32`` prior acceptance probability of each bin."""

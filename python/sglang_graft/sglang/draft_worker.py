@@ -78,6 +78,9 @@ class GraftVerifyInput(EagleVerifyInput):
     graft_info: Optional[GraftStepInfo] = None  # a speculative step's tree
     plain: Optional[PlainPlan] = None  # a plain step: the root alone, no tree
     catch_up: bool = False  # a plain step because the draft is behind: its draft extend catches up
+    # a ragged step: per request the leading verify rows in use (its linked slots); the CPU port
+    # leaves the others out of the forward (sglang_cpu_port.rows)
+    active_rows: Optional[list] = None
 
     @property
     def max_tree_depth(self) -> int:
@@ -309,7 +312,7 @@ class GraftDraftWorker(EagleDraftWorker):
         stepper = self.context.stepper
         with stepper.timer.phase("tree"):
             step = stepper.build(plan, pool, batch.seq_lens)
-            num_nodes = plan.num_nodes
+            num_nodes = plan.width
             layout, tree = step.layout, step.tree
             self.context.tp_check.step((layout.draft_token, tree.parents, tree.linked))
             idx = torch.arange(num_nodes, device=layout.positions.device)
@@ -318,6 +321,10 @@ class GraftDraftWorker(EagleDraftWorker):
                                  verified_nodes=tree.linked | (idx == 0),
                                  node_bins=stepper.node_bins(plan, pool, step), scopes=plan.scopes,
                                  levels_used=stepper.levels_used(pool, step), expected=plan.expected_rows)
+            active_rows = None
+            if plan.rows is not None:  # a ragged step: the rows its trees use (the rest are padding)
+                active_rows = info.verified_nodes.sum(dim=1).tolist()
+                plan.rows = sum(active_rows)
         return GraftVerifyInput(
             draft_token=layout.draft_token,
             custom_mask=None,  # written by verify, for the attention backend of this step's budget
@@ -334,6 +341,7 @@ class GraftDraftWorker(EagleDraftWorker):
             seq_lens_cpu=None,
             draft_probs=None,
             graft_info=info,
+            active_rows=active_rows,
         )
 
     def _plain_verify_input(self, plain: PlainPlan, root_tokens: torch.Tensor, batch) -> GraftVerifyInput:

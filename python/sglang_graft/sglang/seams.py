@@ -159,6 +159,10 @@ CPU_LM_HEAD = Seam("sglang.srt.layers.logits_processor.LogitsProcessor._compute_
                    "compute the lm_head of a few rows with the CPU port's batch-invariant small-row kernel")
 CPU_LINEAR = Seam("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
                   "compute float32 linears of a few rows with the CPU port's batch-invariant small-row kernel")
+CPU_FORWARD_ROWS = Seam("sglang.srt.model_executor.model_runner.ModelRunner._forward_raw",
+                        "compute only the rows a verify reads (the CPU port's active rows)")
+AMX_ATTN_BACKEND = Seam("sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend",
+                        "run a forward on its read rows only where the CPU port's attention ops serve it")
 CPU_START_METHOD = Seam("sglang.srt.entrypoints.engine._set_envs_and_config",
                         "fork the scheduler and detokenizer on CPU (they inherit the launcher's imports)")
 CPU_SHARED_EXPERT_GATE = Seam("sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add",

@@ -84,7 +84,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self.budgets = self.graft_cfg.resolved_budgets(num_nodes)
         self.sync_free = self.graft_cfg.resolved_sync_free(device)
         self.stepper = GraftStepper(self.graft_cfg, self.retrieval, num_steps, topk,
-                                    self.budgets, device, all_reduce_sum=_tp_all_reduce(), sync_free=self.sync_free)
+                                    self.budgets, device, all_reduce_sum=_tp_all_reduce(), sync_free=self.sync_free,
+                                    ragged=self.graft_cfg.resolved_ragged(device, self.sync_free))
         self.tp_check = TreeHashCheck(self.graft_cfg.tp_check, _tp_all_reduce(torch.distributed.ReduceOp.MAX)
                                       if self.graft_cfg.tp_check else None)
         # plain steps defer the draft extend (none can be plain in sync-free mode: see GraftStepper.may_plain)
@@ -105,7 +106,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self.prometheus = maybe_prometheus(server_args)
         self._verified: Optional[tuple[StepPlan, int]] = None  # this step's plan and batch size, once verified
         _WORKERS.append(self)
-        logger.info("GRAFT worker: N=%d steps=%d topk=%d budgets=%s sync-free=%s %s",
+        logger.info("GRAFT worker: N=%d steps=%d topk=%d budgets=%s sync-free=%s ragged=%s %s",
                     self.speculative_num_draft_tokens, self.speculative_num_steps, self.topk, self.budgets,
                     self.sync_free, self.graft_cfg)
 
@@ -308,8 +309,10 @@ class GraftWorkerV2(EAGLEWorkerV2):
         accepted_nodes = torch.zeros((bs, n), dtype=torch.bool, device=acc.device).scatter_(1, local, valid)
         retrieved = (info.retrieval_only & accepted_nodes).sum(1)
         drafted = valid.sum(1) - retrieved
+        rows = None if vi.active_rows is None else torch.tensor(  # a ragged step's linked slots (from the host)
+            [b * n + j for b, used in enumerate(vi.active_rows) for j in range(used)], device=acc.device)
         self.retrieval.learn(vi.draft_token.view(bs, n), info.verified_nodes,
-                             result.logits_output.next_token_logits, info.scopes)
+                             result.logits_output.next_token_logits, info.scopes, rows)
         linked = info.verified_nodes.clone()
         linked[:, 0] = False
         self.stepper.feedback(info.node_bins, linked, accepted_nodes)

@@ -14,7 +14,8 @@ Placement:
 
 Budget: every request gets exactly ``N`` slots: the root, the kept draft nodes, then new
 retrieved nodes ranked by the minimum proposal score on their path (ties by proposal index,
-which keeps every cut ancestor-closed), then padding. Padding is ``pad_token_id`` under the
+which keeps every cut ancestor-closed) up to ``N`` or the request's own node count, then padding.
+The linked slots are always a prefix (root, draft, retrieved). Padding is ``pad_token_id`` under the
 root, not linked, hence never verified as a candidate.
 """
 
@@ -151,17 +152,16 @@ def _merge_slots(proposals: RetrievalProposals, alive, tokens, parents, from_dra
     return torch.where(merge_target >= 0, merge_target + 1, -1)
 
 
-def _place_retrieved(proposals: RetrievalProposals, new, merged_slot, priority, free_slots, anchor_slot,
+def _place_retrieved(proposals: RetrievalProposals, new, merged_slot, priority, free_slots, num_draft, anchor_slot,
                      tokens, parents, from_retrieval, proposal_index):
     """Write the ``free_slots [bs]`` highest-priority ``new [bs, R]`` retrieved nodes (ties by index)
-    to the slots after the draft, in proposal order; a placed node's parent is its retrieved
+    to the slots after the ``num_draft [bs]`` draft nodes, in proposal order; a placed node's parent is its retrieved
     parent's slot (new or merged, ``merged_slot [bs, R]``, -1 where not merged), or
     ``anchor_slot`` for a retrieved root. Returns which were placed and their slots (``[bs, R]``;
     meaningful where placed)."""
     n = tokens.shape[1] - 1
     r_tok = proposals.tokens.to(torch.int64)
     r_par = proposals.parents.to(torch.int64)
-    num_draft = n - 1 - free_slots
     include = new & (_rank_among(priority, new) < free_slots[:, None])
     new_slot = 1 + num_draft[:, None] + torch.cumsum(include.to(torch.int64), dim=1) - 1
     if not r_tok.shape[1]:
@@ -188,6 +188,7 @@ def graft(
     placement: Placement = "root",
     pad_token_id: int = 0,
     anchor_index: torch.Tensor | None = None,
+    node_counts: torch.Tensor | None = None,
 ) -> GraftTree:
     """Assemble the ``N``-node hybrid tree of each request.
 
@@ -202,6 +203,9 @@ def graft(
         pad_token_id: token of padding slots.
         anchor_index: ``[bs]`` the first output of :func:`graft_anchor` when the caller
             already computed it (to query retrieval for the anchor token); recomputed if None.
+        node_counts: ``[bs]`` slots each request fills, root included (at most ``N``; the
+            kept draft fits in them): retrieved nodes take the slots the draft leaves up to its
+            count, the rest is padding. None: ``N`` each.
 
     Returns:
         A :class:`GraftTree` with fixed ``[bs, N]`` shapes.
@@ -241,7 +245,9 @@ def graft(
         merge_slot = torch.full(alive.shape, -1, dtype=i64, device=device)
     merged = alive & (merge_slot >= 0)
     merged_slot = torch.where(merged, merge_slot, -1)
-    include, proposal_slot = _place_retrieved(proposals, alive & ~merged, merged_slot, priority, (n - 1) - num_draft,
+    slots = n if node_counts is None else node_counts.to(i64).clamp(min=1, max=n)
+    free = (slots - 1 - num_draft).clamp(min=0)
+    include, proposal_slot = _place_retrieved(proposals, alive & ~merged, merged_slot, priority, free, num_draft,
                                                anchor_slot, tokens, parents, from_retrieval, proposal_index)
     proposal_slot = torch.where(include, proposal_slot, merged_slot)
     if proposals.tokens.shape[1]:

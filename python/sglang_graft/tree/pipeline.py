@@ -49,6 +49,7 @@ def build_graft_tree(
     pad_token_id: int = 0,
     num_keep: Optional[torch.Tensor] = None,  # [bs] int64
     depth_limit: Optional[torch.Tensor] = None,  # [bs] int64
+    node_counts: Optional[torch.Tensor] = None,  # [bs] int64
 ) -> GraftStep:
     """Prune the draft, graft the proposals into the freed budget and flatten to SGLang's layout.
 
@@ -64,6 +65,9 @@ def build_graft_tree(
         pad_token_id: token of padding slots.
         num_keep: ``[bs]`` draft nodes to keep instead of the per-stage table (a cost-aware split).
         depth_limit: ``[bs]`` deepest draft depth each request keeps (where its draft stopped).
+        node_counts: ``[bs]`` slots each request fills (root included, at most ``N``, at least its
+            kept draft + 1); the rest of its ``N`` are padding (a ragged batch). None: ``N`` each.
+            The torch path builds it (the fused kernel fills ``N``).
 
     Returns:
         The pruning result, the proposals used, the ``N``-node tree and its verify layout
@@ -71,7 +75,8 @@ def build_graft_tree(
         QLEN mask as ``[bs, N, N]``).
     """
     kernels = device_kernels(pool.tokens.device)
-    if kernels is not None and placement == "root" and num_nodes <= kernels.MAX_NODES and pool.size >= 1:
+    if (kernels is not None and placement == "root" and num_nodes <= kernels.MAX_NODES and pool.size >= 1
+            and node_counts is None):
         if callable(proposals):
             proposals = proposals(root_tokens.to(torch.int64))
         return _fused_step(kernels, pool, root_tokens, proposals, seq_lens, num_nodes, config, pad_token_id,
@@ -81,7 +86,7 @@ def build_graft_tree(
     if callable(proposals):
         proposals = proposals(anchor_tokens)
     tree = graft(pool, pruned, root_tokens, proposals, num_nodes, placement, pad_token_id,
-                 anchor_index=anchor_index)
+                 anchor_index=anchor_index, node_counts=node_counts)
     layout = flatten(tree.tokens, tree.parents, seq_lens, linked=tree.linked)
     return GraftStep(pruned=pruned, proposals=proposals, tree=tree, layout=layout)
 
