@@ -58,6 +58,20 @@ def _setup(bs, seq_lens, H, Hkv, D, pool=256, seed=0, layout="scattered"):
     return g, k_buf, v_buf, req_to_token, rpi
 
 
+def random_tree_mask(bs: int, e: int, g: torch.Generator) -> torch.Tensor:
+    """``[bs, E, E]`` ancestor-or-self masks of a random tree per request: ``parent[i] < i``, node 0
+    the root."""
+    mask = torch.zeros(bs, e, e, dtype=torch.bool)
+    for b in range(bs):
+        parent = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, e)]
+        for i in range(e):
+            j = i
+            while j != -1:
+                mask[b, i, j] = True
+                j = parent[j]
+    return mask
+
+
 @pytest.mark.parametrize("layout", ["scattered", "runs"])
 @pytest.mark.parametrize("H,Hkv,window,cap,use_sink",
                          [(4, 2, 0, 0.0, False), (4, 2, 10, 0.0, False), (6, 2, 5, 30.0, True), (2, 2, 0, 0.0, True)])
@@ -100,15 +114,7 @@ def test_extend_attention_matches_reference(tree, layout, window, E):
     seq_lens = [p + E for p in prefix]
     g, k_buf, v_buf, r2t, rpi = _setup(bs, seq_lens, H, Hkv, D, seed=1, layout=layout)
     q = torch.randn(bs * E, H, D, generator=g)
-    # a random tree per request: parent[i] < i, node 0 is the root; ancestor-or-self mask
-    mask = torch.zeros(bs, E, E, dtype=torch.bool)
-    for b in range(bs):
-        parent = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, E)]
-        for i in range(E):
-            j = i
-            while j != -1:
-                mask[b, i, j] = True
-                j = parent[j]
+    mask = random_tree_mask(bs, E, g)
     out = torch.empty(bs * E, H, D)
     k_ext = torch.stack([k_buf[r2t[rpi[b], prefix[b] + i].long()] for b in range(bs) for i in range(E)])
     v_ext = torch.stack([v_buf[r2t[rpi[b], prefix[b] + i].long()] for b in range(bs) for i in range(E)])

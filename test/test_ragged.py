@@ -173,33 +173,20 @@ def test_a_declared_forward_runs_its_read_rows_compacted():
     assert seen["ids"] == total_ids.tolist() and seen["inside"] is None
 
 
-def _tree_mask(bs: int, e: int, g: torch.Generator) -> torch.Tensor:
-    """``[bs, E, E]`` ancestor-or-self masks of random trees whose parents come first."""
-    mask = torch.zeros(bs, e, e, dtype=torch.bool)
-    for b in range(bs):
-        parent = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, e)]
-        for i in range(e):
-            j = i
-            while j != -1:
-                mask[b, i, j] = True
-                j = parent[j]
-    return mask
-
-
 @pytest.mark.parametrize("window,cap", [(0, 0.0), (3, 0.0), (0, 20.0)])
 def test_a_verify_on_its_read_rows_gives_them_the_same_attention(window, cap):
     """The tree verify's attention (the fused path; a sliding window of 3 and a soft cap take the
     masked one) run on rows ``[5, 2, 1]`` of 5, packed: every row's output is its output in the
     full verify (to float32 rounding: fewer queries and keys block torch's fused kernel
     differently; the keys left out were masked)."""
-    from test_cpu_ops import _setup
+    from test_cpu_ops import _setup, random_tree_mask
 
     H, Hkv, D, bs, e = 4, 2, 8, 3, 5
     prefix = [7, 3, 6]
     seq_lens = [p + e for p in prefix]
     g, k_buf, v_buf, r2t, rpi = _setup(bs, seq_lens, H, Hkv, D, seed=2)
     q = torch.randn(bs * e, H, D, generator=g)
-    mask = _tree_mask(bs, e, g).reshape(-1)
+    mask = random_tree_mask(bs, e, g).reshape(-1)
     args = (k_buf, v_buf, 1.0, 1.0, r2t, rpi, torch.tensor(seq_lens), torch.tensor([e] * bs),
             torch.arange(0, bs * e, e), e, 0.25, cap, False, window, None, None, mask, True)
     full = torch.empty(bs * e, H, D)
