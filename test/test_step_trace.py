@@ -46,9 +46,12 @@ def _engine() -> Engine:
                   # the worker, which the replay does not run), whether a plain step was the guard's, and
                   # whether a timed step explored (replayed as not: the guard never judges a bucket here,
                   # whose steps commit no tokens)
-                  added={"StepPlan": ("committed",), "PlainPlan": ("guarded", "committed")},
+                  # and a ragged step's tree width and rows (recorded before ragged steps: uniform trees)
+                  added={"StepPlan": ("committed", "width", "rows"), "PlainPlan": ("guarded", "committed")},
                   timer_added=(None, False),
-                  final_state=lambda stepper: {k: v for k, v in state(stepper).items() if k != "guarded_steps"})
+                  # counters added after the traces: the rate guard's steps, ragged steps' rows and slots
+                  final_state=lambda stepper: {k: v for k, v in state(stepper).items()
+                                               if k not in ("guarded_steps", "verify_rows", "verify_slots")})
 
 
 def test_traces_are_present():

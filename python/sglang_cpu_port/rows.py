@@ -53,10 +53,9 @@ class ActiveRows:
         self.offsets = [0] * len(self.lens)  # where each request's rows start among the compact ones
         for b in range(1, len(self.lens)):
             self.offsets[b] = self.offsets[b - 1] + self.lens[b - 1]
-        read = torch.zeros(self.total, dtype=torch.bool)
-        for b, n in enumerate(self.lens):
-            read[b * self.width: b * self.width + n] = True
-        self.index = read.nonzero().view(-1)  # [count] the rows read, ascending
+        # [count] the rows read, ascending (from the host lists: no device value is read)
+        self.index = torch.tensor([b * self.width + j for b, n in enumerate(self.lens) for j in range(n)],
+                                  dtype=torch.int64)
 
     def expand(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` ``[count, ...]`` laid out over the ``[total, ...]`` blocks, zeros elsewhere."""
