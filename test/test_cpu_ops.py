@@ -136,6 +136,48 @@ def test_extend_attention_matches_reference(tree, layout, window, E):
                 torch.testing.assert_close(out[b * E + i, h], ref.float(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["scattered", "runs"])
+def test_the_layers_of_one_forward_share_its_kv_rows_and_masks(layout):
+    """Within one forward (``rows.one_forward``) the first layer derives each request's KV rows and
+    tree mask and later layers reuse them: every layer's output is bit for bit the output without
+    the memo (other queries and keys per layer); another batch in the same forward (other pool
+    indices, other tree masks) derives its own, and the memo ends with the forward."""
+    from sglang_cpu_port import rows
+
+    H, Hkv, D, bs, e = 4, 2, 8, 3, 5
+    seq_lens = [p + e for p in (7, 3, 6)]
+    g, k_buf, v_buf, r2t, rpi = _setup(bs, seq_lens, H, Hkv, D, seed=4, layout=layout)
+    masks = [random_tree_mask(bs, e, g).reshape(-1) for _ in range(2)]
+    batches = [(rpi, masks[0]), (rpi[[1, 2, 0]].clone(), masks[1])]
+
+    def layer(q, kb, vb, pool_indices, tree_mask, extend=True):
+        lens = torch.tensor(seq_lens)[[int((rpi == i).nonzero()) for i in pool_indices]]
+        out = torch.empty(q.shape)
+        if extend:
+            extend_attention_cpu(q, None, None, out, kb, vb, 1.0, 1.0, r2t, pool_indices, lens,
+                                 torch.tensor([e] * bs), torch.arange(0, bs * e, e), e, 0.25, 0.0, False, 0, None,
+                                 None, tree_mask, True)
+        else:
+            decode_attention_cpu(q, kb, vb, 1.0, 1.0, out, None, None, torch.zeros(0, dtype=torch.int64),
+                                 torch.empty(0), r2t, pool_indices, lens, 0.25, 0.0, False, 0, None, None)
+        return out
+
+    calls = []
+    for _ in range(3):  # layers: their own queries and KV buffers
+        for pool_indices, tree_mask in batches:
+            calls.append((torch.randn(bs * e, H, D, generator=g), torch.randn(k_buf.shape, generator=g),
+                          torch.randn(v_buf.shape, generator=g), pool_indices, tree_mask))
+    alone = [layer(*c) for c in calls] + [layer(c[0][:bs], *c[1:], extend=False) for c in calls]
+    with rows.one_forward():
+        shared = [layer(*c) for c in calls] + [layer(c[0][:bs], *c[1:], extend=False) for c in calls]
+        memo = rows.forward_memo()
+        assert sum(k[0] == "kv_rows" for k in memo) == 2  # one per batch, whatever the op
+        assert sum(k[0] == "fold_mask" for k in memo) == 2 * bs  # one per batch and request
+    assert rows.forward_memo() is None
+    for a, b in zip(alone, shared):
+        assert torch.equal(a, b)
+
+
 def test_attention_ops_registered_in_torch_library():
     register_attention_ops()
     assert hasattr(torch.ops.sgl_kernel, "decode_attention_cpu")

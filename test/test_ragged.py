@@ -244,3 +244,61 @@ def test_the_recycling_matrix_learns_the_same_from_a_ragged_steps_rows():
         learned.append(source.matrix.successors.view(1, vocab + 2, -1)[:, : vocab + 1].clone())  # not the dump row
     assert torch.equal(learned[0], learned[1]) and not torch.equal(learned[0], RecycleSource(
         RecyclingMatrix(vocab, k=4, widths=(4, 3)), "shared", "cpu").matrix.successors.view(1, vocab + 2, -1)[:, : vocab + 1])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_greedy_verify_takes_the_argmax_of_its_read_rows_only(seed, monkeypatch):
+    """SGLang's ``eagle_sample`` takes the argmax of every slot's logits; on a ragged step's verify
+    the CPU port's hook takes it on the read rows only and accepts the tree with SGLang's greedy
+    kernel: the same committed tokens, accept lengths and accept indices (padding logits are the
+    zeros the compacted forward lays out). A sampling batch, or a batch with a logit bias, runs
+    SGLang's own."""
+    from sglang_graft.sglang import seams
+
+    bs, n, vocab = 3, 8, 30
+    pool = random_pool(bs, 2, 3, vocab, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    proposals = random_proposals(bs, 6, vocab, g, pool=pool)
+    counts = torch.tensor([8, 1, 5])[torch.randperm(3, generator=g)]
+    config = PruneConfig(checkpoint_depths=(0, 1), thresholds=(0.2, 0.1), keep_per_stage=(15, 15))
+    step = build_graft_tree(pool, torch.tensor([1, 2, 3]), proposals, torch.tensor([9, 4, 12]), n, config,
+                            num_keep=torch.minimum(counts - 1, torch.tensor([3, 0, 2])), node_counts=counts)
+    tree, layout = step.tree, step.layout
+    used = (tree.linked.sum(dim=1) + 1).tolist()
+    # targets that follow a linked child most of the time, so accepted paths get deep
+    follow = (torch.rand(bs, n, generator=g) < 0.8) & (layout.first_child >= 0)
+    target = torch.where(follow, tree.tokens.gather(1, layout.first_child.clamp(min=0)),
+                         torch.randint(0, vocab, (bs, n), generator=g))
+    read = rows.ActiveRows(used, n)
+    logits = read.expand((torch.randn(bs * n, vocab, generator=g) + 10 * torch.nn.functional.one_hot(
+        target.view(-1), vocab))[read.index])
+    verify_input = SimpleNamespace(
+        active_rows=used, draft_token=layout.draft_token, retrieve_index=layout.flat_index,
+        retrieve_next_token=layout.first_child, retrieve_next_sibling=layout.next_sibling, draft_token_num=n,
+        max_tree_depth=n, tree_topk=2)
+    info = SimpleNamespace(is_all_greedy=True, logit_bias=None, acc_additive_penalties=None,
+                           acc_scaling_penalties=None, has_watermark_candidates=False)
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=info,
+                            seq_lens=torch.tensor([9, 4, 12]), device="cpu", return_logprob=False)
+    spec_args = SimpleNamespace(speculative_use_rejection_sampling=False)  # a server publishes them
+    monkeypatch.setattr(seams.CPU_VERIFY_SAMPLE.resolve_owner(), "get_spec", lambda: spec_args)
+    sglang_sample = seams.CPU_VERIFY_SAMPLE.resolve()
+    sglang_sample = getattr(sglang_sample, "__wrapped__", sglang_sample)  # SGLang's own, were the hook applied
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append(args)
+        return sglang_sample(*args, **kwargs)
+
+    expected = sglang_sample(verify_input, batch, SimpleNamespace(next_token_logits=logits.clone()), None)
+    got = rows._greedy_on_read_rows(original, verify_input, batch, SimpleNamespace(next_token_logits=logits), None)
+    assert not calls
+    for e, x in zip(expected, got):
+        assert torch.equal(e, x)
+    assert got[1].tolist() == [1 + int((got[2][b, 1:] >= 0).sum()) for b in range(bs)]
+    assert got[1].gt(1).any()  # some paths accepted
+    info.logit_bias = torch.zeros(bs, vocab)
+    rows._greedy_on_read_rows(original, verify_input, batch, SimpleNamespace(next_token_logits=logits), None)
+    info.logit_bias, info.is_all_greedy = None, False
+    rows._greedy_on_read_rows(original, verify_input, batch, SimpleNamespace(next_token_logits=logits), None)
+    assert len(calls) == 2

@@ -104,6 +104,7 @@ def install_hooks() -> bool:
     seams.register_hook(seams.CPU_LM_HEAD, _lm_head_small_batch, "AROUND")
     seams.register_hook(seams.CPU_LINEAR, linear._linear_method_apply, "AROUND")
     seams.register_hook(seams.CPU_FORWARD_ROWS, rows._forward_with_rows, "AROUND")
+    seams.register_hook(seams.CPU_VERIFY_SAMPLE, rows._greedy_on_read_rows, "AROUND")
     for seam in seams.CPU_WEIGHT_UPDATES:
         seams.register_hook(seam, linear._after_weight_update, "AFTER")
     seams.register_hook(seams.CPU_SHARED_EXPERT_GATE, moe._shared_gate_on_cpu, "AROUND")

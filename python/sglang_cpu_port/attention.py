@@ -131,6 +131,14 @@ def _request_rows(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, st
             for b, (first, n, run) in enumerate(zip(firsts, ends, runs))]
 
 
+def _kv_rows(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, starts, ends) -> list:
+    """:func:`_request_rows`, once per forward: the KV slots of a batch's requests are placed before
+    its forward and stay put through its layers."""
+    key = ("kv_rows", req_to_token.data_ptr(), req_pool_indices.data_ptr(), req_pool_indices.dtype,
+           tuple(starts), tuple(ends))  # the batch's own index tensor: alive, and unchanged, through its forward
+    return _memoized(key, lambda: _request_rows(req_to_token, req_pool_indices, starts, ends))
+
+
 # New tokens an extend folds (a verify's tree, a draft extend): its mask is G rows per token, so a long
 # prefill chunk after a cached prefix keeps the general path's [E, L] mask instead.
 FOLD_ROWS = 64
@@ -141,24 +149,44 @@ def _fused(logit_cap: float, sinks: Optional[torch.Tensor]) -> bool:
     return logit_cap <= 0 and sinks is None
 
 
-def attend_folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: Optional[torch.Tensor],
+def folded_mask(visible: Optional[torch.Tensor], group: int) -> Optional[torch.Tensor]:
+    """:func:`attend_folded`'s mask: ``visible`` [M, L] bool -> [M * G, L] float32, 0 where visible
+    and -inf elsewhere, each row G times in a row (the fused kernel reads a float mask; a bool one
+    it converts on every call). None stays None (every key visible)."""
+    if visible is None:
+        return None
+    hidden = ~visible.repeat_interleave(group, dim=0)
+    return torch.zeros(hidden.shape, dtype=torch.float32).masked_fill_(hidden, float("-inf"))
+
+
+def attend_folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                   sm_scale: float) -> torch.Tensor:
     """Softmax attention with GQA folded into the rows: the G = H / Hkv query heads that share a kv
     head are G * M rows of one product against that head's keys, so no key or value is copied per
     query head (``enable_gqa`` does copy them) and torch's fused CPU kernel runs without one.
 
-    q: [M, H, D]; k: [L, Hkv, D] and v: [L, Hkv, Dv] float32; visible: [M, L] bool, every row with
-    a visible key, or ``None`` for all. Returns [M, H, Dv] float32. Rows go in the order m * G + g,
-    so the mask is each of ``visible``'s rows G times in a row.
+    q: [M, H, D]; k: [L, Hkv, D] and v: [L, Hkv, Dv] float32; mask: :func:`folded_mask` of the
+    [M, L] visibility (every row with a visible key), or ``None`` for all. Returns [M, H, Dv]
+    float32. Rows go in the order m * G + g.
     """
     m, h, d = q.shape
     hkv = k.shape[1]
     g = h // hkv
     qf = q.to(torch.float32).view(m, hkv, g, d).transpose(0, 1).reshape(1, hkv, m * g, d)
-    mask = None if visible is None else visible.repeat_interleave(g, dim=0)
     out = F.scaled_dot_product_attention(qf, k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                          attn_mask=mask, scale=sm_scale)  # [1, Hkv, M * G, Dv]
     return out[0].view(hkv, m, g, -1).transpose(0, 1).reshape(m, h, -1)
+
+
+def _memoized(key: tuple, compute):
+    """``compute()``, or its value from an earlier layer of this forward (:func:`rows.forward_memo`;
+    ``key`` names every input it derives from)."""
+    memo = rows.forward_memo()
+    if memo is None:
+        return compute()
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
 
 
 def decode_attention_cpu(
@@ -199,7 +227,7 @@ def decode_attention_cpu(
         starts, ends = [0] * bs, enc
     else:
         starts, ends = enc, seq
-    rows_of = _request_rows(req_to_token, req_pool_indices, starts, ends)
+    rows_of = _kv_rows(req_to_token, req_pool_indices, starts, ends)
     for b in range(bs):
         n = ends[b] - starts[b]
         rows = rows_of[b]
@@ -261,7 +289,7 @@ def extend_attention_cpu(
         starts, ends = [0] * bs, enc
     else:
         starts, ends = enc, [e + n for e, n in zip(enc, seq)]
-    rows_of = _request_rows(req_to_token, req_pool_indices, starts, ends)
+    rows_of = _kv_rows(req_to_token, req_pool_indices, starts, ends)
     # a forward on the rows that are read only (sglang_cpu_port.rows): request b's queries are its
     # first lens[b] rows, packed; its keys stop there too (no read row sees a later one)
     read = rows.compact_layout(q_extend.shape[0], exts) if not is_cross_attn else None
@@ -285,11 +313,11 @@ def extend_attention_cpu(
         windowless = sliding_window_size <= 0 or seq_len <= sliding_window_size
         if (is_causal and not is_cross_attn and windowless and _fused(logit_cap, sinks) and ext <= FOLD_ROWS
                 and (prefix > 0 or tm is not None)):
-            visible = None  # one new token sees every key (a plain step's root)
-            if ext > 1:
-                visible = torch.ones(ext, num_keys, dtype=torch.bool)
-                visible[:, prefix:] = tm if tm is not None else visible[:, prefix:].tril()
-            o_extend[q0 : q0 + ext] = attend_folded(q, k, v, visible, sm_scale).to(o_extend.dtype)
+            group = q.shape[1] // k.shape[1]
+            key = ("fold_mask", b, exts[b], ext, prefix, num_keys, group,
+                   None if tree_mask is None else (tree_mask.data_ptr(), tree_mask.numel()))
+            mask = _memoized(key, lambda: folded_mask(_prefix_then(tm, ext, prefix, num_keys), group))
+            o_extend[q0 : q0 + ext] = attend_folded(q, k, v, mask, sm_scale).to(o_extend.dtype)
             continue
         if is_cross_attn or not is_causal:
             visible = torch.ones(ext, num_keys, dtype=torch.bool)
@@ -309,6 +337,16 @@ def extend_attention_cpu(
             sliding_window_size <= 0 or sliding_window_size >= ext)
         out = attend(q, k, v, visible, sm_scale, logit_cap, sinks, causal_from_zero=plain_causal)
         o_extend[q0 : q0 + ext] = out.to(o_extend.dtype)
+
+
+def _prefix_then(tm: Optional[torch.Tensor], ext: int, prefix: int, num_keys: int) -> Optional[torch.Tensor]:
+    """[E, L] bool: every prefix key visible, then the tree mask ``tm`` (or the causal rule) among
+    the ``E`` new tokens; None for one new token (it sees every key: a plain step's root)."""
+    if ext == 1:
+        return None
+    visible = torch.ones(ext, num_keys, dtype=torch.bool)
+    visible[:, prefix:] = tm if tm is not None else visible[:, prefix:].tril()
+    return visible
 
 
 _DECODE_SCHEMA = (

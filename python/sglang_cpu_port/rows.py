@@ -17,6 +17,10 @@ batch-invariant). The KV slots of the rows left out are not written. A declaring
 that no row it reads sees a row past the counts (a tree node sees its ancestors, which come first;
 an extend token earlier ones).
 
+The verify's greedy acceptance then takes the target's argmax of the read rows only
+(:func:`_greedy_on_read_rows`, around SGLang's ``eagle_sample``): a padding slot's choice is the
+argmax of its zero logits, 0, without reading them.
+
 SGLang's own draft extend after a verify (EAGLE V2, ``DRAFT_EXTEND_V2``) declares without an
 attribute: it runs the tree's width per request and reads the accepted rows only (their KV, and the
 logits and hidden state of the last), so its ``num_accept_tokens`` are its counts.
@@ -81,6 +85,28 @@ def rows_read(rows: Optional[ActiveRows]) -> Iterator[None]:
         _ACTIVE[0] = before
 
 
+_MEMO: list[Optional[dict]] = [None]
+
+
+def forward_memo() -> Optional[dict]:
+    """A dict that lives for the model forward now running (:func:`one_forward`), or None outside
+    one. Every layer of a forward reads the same batch, so what the attention derives from the
+    batch alone (each request's KV rows, its tree mask) is computed by the first layer and found by
+    the others, under a key that names every input it was derived from."""
+    return _MEMO[0]
+
+
+@contextlib.contextmanager
+def one_forward() -> Iterator[None]:
+    """Within: one model forward (:func:`forward_memo` is a fresh dict)."""
+    before = _MEMO[0]
+    _MEMO[0] = {}
+    try:
+        yield
+    finally:
+        _MEMO[0] = before
+
+
 def compact_layout(num_rows: int, extend_lens: list) -> Optional[ActiveRows]:
     """The compacted rows an attention call of ``num_rows`` query rows and per-request extend
     lengths ``extend_lens`` runs on, or None where it runs every row (no declaration, or a call
@@ -104,10 +130,17 @@ def declared(forward_batch) -> Optional[ActiveRows]:
         lens = spec.num_accept_tokens.tolist()
     if lens is None:
         return None
-    if ids is None or not bs or len(lens) != bs or ids.shape[0] % bs:
-        raise ValueError(f"active_rows declares {len(lens)} requests for a forward of "
-                         f"{None if ids is None else ids.shape[0]} rows and {bs} requests")
-    width = ids.shape[0] // bs
+    return _fitted(lens, None if ids is None else ids.shape[0], bs)
+
+
+def _fitted(lens: list, num_rows: Optional[int], bs: Optional[int]) -> ActiveRows:
+    """``lens`` as the read rows of ``num_rows`` rows of ``bs`` requests; ``ValueError`` where they
+    do not fit (a count per request, each between 1 and the width, the width a whole number of rows
+    per request)."""
+    if num_rows is None or not bs or len(lens) != bs or num_rows % bs:
+        raise ValueError(f"active_rows declares {len(lens)} requests for a forward of {num_rows} rows and "
+                         f"{bs} requests")
+    width = num_rows // bs
     if any(not 1 <= n <= width for n in lens):
         raise ValueError(f"active_rows {lens} outside 1..{width} (the rows per request)")
     return ActiveRows(list(lens), width)
@@ -132,11 +165,13 @@ def _port_attention(runner) -> bool:
 
 
 def _forward_with_rows(original, runner, forward_batch, *args, **kwargs):
-    """AROUND SGLang's ``ModelRunner._forward_raw`` on CPU: a forward whose spec input declares the
-    rows that are read runs on them compacted (see the module docstring)."""
+    """AROUND SGLang's ``ModelRunner._forward_raw`` on CPU: every forward gets its
+    :func:`forward_memo`; one whose spec input declares the rows that are read runs on them
+    compacted (see the module docstring)."""
     rows = declared(forward_batch)
     if rows is None or rows.count == rows.total or not _port_attention(runner):
-        return original(runner, forward_batch, *args, **kwargs)
+        with one_forward():
+            return original(runner, forward_batch, *args, **kwargs)
     spec = forward_batch.spec_info
     saved = {name: getattr(forward_batch, name) for name in _TOKEN_FIELDS}
     spec_hidden = getattr(spec, "hidden_states", None)
@@ -146,7 +181,7 @@ def _forward_with_rows(original, runner, forward_batch, *args, **kwargs):
                 setattr(forward_batch, name, t[rows.index])
         if spec_hidden is not None and spec_hidden.shape[0] == rows.total:
             spec.hidden_states = spec_hidden[rows.index]
-        with rows_read(rows):
+        with rows_read(rows), one_forward():
             out = original(runner, forward_batch, *args, **kwargs)
     finally:
         for name, t in saved.items():
@@ -159,3 +194,56 @@ def _forward_with_rows(original, runner, forward_batch, *args, **kwargs):
         if isinstance(t, torch.Tensor) and t.shape[0] == rows.count:
             setattr(logits, name, rows.expand(t))
     return out
+
+
+def _plain_greedy(batch, grammar_mask, watermark_state) -> bool:
+    """Whether SGLang's ``eagle_sample`` would take the argmax of the logits as they come: every
+    request greedy, no penalty, logit bias, grammar mask or watermark changing them first, no
+    simulated acceptance."""
+    from sglang_graft.sglang import seams
+
+    info = batch.sampling_info
+    return (info.is_all_greedy and grammar_mask is None and info.logit_bias is None
+            and info.acc_additive_penalties is None and info.acc_scaling_penalties is None
+            and (watermark_state is None or not info.has_watermark_candidates)
+            and seams.SIMULATE_ACC_LEN.resolve() <= 0)
+
+
+def _greedy_on_read_rows(original, verify_input, batch, logits_output, grammar_mask=None, *args, **kwargs):
+    """AROUND SGLang's ``eagle_sample``: a greedy verify whose input declares its read rows
+    (``active_rows``) takes the target's argmax of those rows only, then accepts the tree with
+    SGLang's ``verify_tree_greedy_func`` as SGLang's greedy branch does.
+
+    The argmax is the verify's one pass over every slot's logits (``[bs * W, vocab]``; 9 ms at 73
+    slots of a 49K vocabulary on a 2-core Xeon, 2.4 ms at its 29 read rows). A padding slot's choice
+    is 0, which is also the argmax of its zero logits (:meth:`ActiveRows.expand`), and no accepted
+    path reaches one, so the outputs are SGLang's. Any other verify (no declaration, sampling,
+    penalties, bias, grammar, watermark, simulated acceptance, an idle batch) runs SGLang's own."""
+    from sglang_graft.sglang import seams
+
+    lens = getattr(verify_input, ATTRIBUTE, None)
+    logits = getattr(logits_output, "next_token_logits", None)
+    if (lens is None or logits is None or args or batch.forward_mode.is_idle()
+            or not _plain_greedy(batch, grammar_mask, kwargs.get("watermark_state"))):
+        return original(verify_input, batch, logits_output, grammar_mask, *args, **kwargs)
+    rows = _fitted(lens, logits.shape[0], len(lens))
+    if rows.width != verify_input.draft_token_num:
+        raise ValueError(f"active_rows of width {rows.width} for a verify of {verify_input.draft_token_num} "
+                         "tokens per request")
+    seams.SANITIZE_NAN_LOGITS.resolve()(logits, "verify: target model logits")
+    bs, device = len(lens), logits.device
+    index = rows.index if rows.index.device == device else rows.index.to(device, non_blocking=True)
+    chosen = logits.index_select(0, index).argmax(dim=-1)
+    target = torch.zeros(rows.total, dtype=chosen.dtype, device=device).index_copy_(0, index, chosen)
+    predict, accept_index, num_correct = seams.VERIFY_TREE_GREEDY.resolve()(
+        predicts=torch.zeros(rows.total, dtype=torch.int32, device=device),
+        accept_index=torch.full((bs, verify_input.max_tree_depth), -1, dtype=torch.int32, device=device),
+        accept_token_num=torch.empty((bs,), dtype=torch.int32, device=device),
+        candidates=verify_input.draft_token.reshape(bs, rows.width),
+        retrieve_index=verify_input.retrieve_index,
+        retrieve_next_token=verify_input.retrieve_next_token,
+        retrieve_next_sibling=verify_input.retrieve_next_sibling,
+        target_predict=target.view(bs, rows.width),
+        topk=verify_input.tree_topk,
+    )
+    return predict, num_correct + 1, accept_index

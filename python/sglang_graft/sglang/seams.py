@@ -161,6 +161,14 @@ CPU_LINEAR = Seam("sglang.srt.layers.quantization.unquant.UnquantizedLinearMetho
                   "compute float32 linears of a few rows with the CPU port's batch-invariant small-row kernel")
 CPU_FORWARD_ROWS = Seam("sglang.srt.model_executor.model_runner.ModelRunner._forward_raw",
                         "compute only the rows a verify reads (the CPU port's active rows)")
+CPU_VERIFY_SAMPLE = Seam(f"{_SW}.eagle_utils.eagle_sample",
+                         "take the target's greedy choice on a verify's read rows only (the CPU port's active rows)")
+VERIFY_TREE_GREEDY = Seam(f"{_SW}.eagle_utils.verify_tree_greedy_func",
+                          "accept a tree greedily from the target's choices on the read rows")
+SIMULATE_ACC_LEN = Seam(f"{_SW}.spec_utils.SIMULATE_ACC_LEN",
+                        "leave SGLang's simulated acceptance (a benchmark setting) to SGLang's own verify")
+SANITIZE_NAN_LOGITS = Seam("sglang.srt.utils.async_probe.sanitize_nan_logits",
+                           "check and clean the verify logits as SGLang's verify does")
 AMX_ATTN_BACKEND = Seam("sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend",
                         "run a forward on its read rows only where the CPU port's attention ops serve it")
 CPU_START_METHOD = Seam("sglang.srt.entrypoints.engine._set_envs_and_config",
