@@ -214,8 +214,8 @@ def _greedy_on_read_rows(original, verify_input, batch, logits_output, grammar_m
     (``active_rows``) takes the target's argmax of those rows only, then accepts the tree with
     SGLang's ``verify_tree_greedy_func`` as SGLang's greedy branch does.
 
-    The argmax is the verify's one pass over every slot's logits (``[bs * W, vocab]``; 9 ms at 73
-    slots of a 49K vocabulary on a 2-core Xeon, 2.4 ms at its 29 read rows). A padding slot's choice
+    The argmax is the verify's one pass over every slot's logits (``[bs * W, vocab]``; 4.8 ms at 73
+    slots of a 49K vocabulary on one thread of a Xeon, 1.9 ms at its 29 read rows). A padding slot's choice
     is 0, which is also the argmax of its zero logits (:meth:`ActiveRows.expand`), and no accepted
     path reaches one, so the outputs are SGLang's. Any other verify (no declaration, sampling,
     penalties, bias, grammar, watermark, simulated acceptance, an idle batch) runs SGLang's own."""
