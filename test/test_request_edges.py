@@ -22,6 +22,9 @@ head, float32), one of each for the whole module (``graft_server``, ``plain_serv
    and prompts a plain server serves got a 400 (SGLang takes ``max(steps * topk, N)`` tokens off an
    EAGLE request's context). Checked on ``graft_server`` and on GRAFT's default shape (steps 6, topk 4,
    N 16: the largest reserve) with the fixed budget (16 nodes every step) and the sync-free step.
+4. A full KV pool: under GRAFT's KV reserve of one step's window per request (no overlap scheduler),
+   a load the pool cannot hold is retracted and re-admitted, token-identical to no speculation, and
+   every slot is free afterwards.
 """
 
 from __future__ import annotations
@@ -369,3 +372,52 @@ def test_context_edge_with_the_default_shape_fixed_budget_and_sync_free(tiny_mod
             "--max-running-requests", "16", "--speculative-graft-budget-mode", "fixed", "--speculative-graft-sync-free", "on"]
     with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "request-edges-context.log") as srv:
         _check_edge("graft defaults, fixed, sync-free", plain_edge_answers, *_edge_answers(srv))
+
+
+# -- 4. a full KV pool ---------------------------------------------------------------------------
+# GRAFT's default shape (steps 6, topk 4, N 16) in a pool of 1024 tokens: twelve requests of 80
+# prompt tokens and up to 160 new ones need about 2900, so the scheduler admits what the pool holds
+# and retracts running requests when it fills (SGLang admits requests that may stop early against
+# an estimate of their output; these do not).
+KV_POOL_TOKENS = 1024
+FULL_POOL_PROMPTS = [[10 + (i * (k + 3)) % 89 for i in range(80)] for k in range(12)]
+FULL_POOL_PARAMS = {"temperature": 0, "max_new_tokens": 160}
+
+
+def _full_pool_answers(srv) -> list:
+    def ask(prompt):
+        r = _post(srv, {"input_ids": prompt, "sampling_params": FULL_POOL_PARAMS})
+        r.raise_for_status()
+        return r.json()["output_ids"]
+
+    with cf.ThreadPoolExecutor(len(FULL_POOL_PROMPTS)) as pool:
+        return list(pool.map(ask, FULL_POOL_PROMPTS))
+
+
+def _graft_state(srv) -> dict:
+    return requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0]["graft"]
+
+
+@pytest.mark.server
+def test_a_full_kv_pool_retracts_and_answers_as_no_speculation(tiny_models, server_logs, plain_server):
+    """Without the overlap scheduler (always on a CPU) a GRAFT request holds one decode step's KV
+    window past its committed length, ``max(steps * topk, N)`` = 24 slots, not SGLang's
+    overlap-safe two (48): the pool admits more requests. Under that reserve, in a pool too small
+    for the load, greedy outputs equal no speculation's, the scheduler retracts and re-admits
+    requests (its log says so), and every slot is free again afterwards."""
+    expected = [plain_server.generate_ids(p, FULL_POOL_PARAMS["max_new_tokens"], ignore_eos=False)["output_ids"]
+                for p in FULL_POOL_PROMPTS]
+    assert sum(map(len, expected)) + 80 * len(expected) > 2 * KV_POOL_TOKENS, "the load no longer fills the pool"
+    log = server_logs / "request-edges-full-pool.log"
+    args = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
+            "--max-running-requests", "16", "--max-total-tokens", str(KV_POOL_TOKENS),
+            "--speculative-graft-plain-steps", "off"]
+    with SGLangServer(tiny_models["llama"], args, log_path=log) as srv:
+        idle = _graft_state(srv)
+        assert idle["kv_reserve_per_request"] == 24
+        got = _full_pool_answers(srv)
+        for k, (g, e) in enumerate(zip(got, expected)):
+            assert g == e, f"request {k}: GRAFT's greedy output differs from no speculation's"
+        assert _healthy(srv)
+        assert _graft_state(srv)["kv_free_tokens"] == idle["kv_free_tokens"]
+    assert "KV cache pool is full. Retract requests." in log.read_text(), "no request was retracted"

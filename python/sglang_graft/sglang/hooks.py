@@ -80,6 +80,7 @@ def _add_server_info(result, controller, state, *args, **kwargs):
         # every request finished or was aborted
         counters["kv_free_tokens"] = int(sched.token_to_kv_pool_allocator.available_size()) + int(
             sched.tree_cache.evictable_size())
+        counters["kv_reserve_per_request"] = int(seams.DECODE_RESERVE.resolve()())  # held past the committed KV
         state["graft"] = counters
     return result
 
@@ -234,14 +235,37 @@ def _rows_hold_the_reserve(result, *args, **kwargs):
     holds the KV a decode step reserves past the committed length.
 
     SGLang sizes the row ``context_len + 4 + N`` at page size 1, but each speculative decode step
-    reserves ``2 * max(num_steps * topk, N)`` slots past ``kv_committed_len`` (the defaults: 48
-    against 20). An unfinished request has committed at most ``context_len - 2`` tokens, so a
+    reserves ``max(num_steps * topk, N)`` slots past ``kv_committed_len``, twice that under the
+    overlap scheduler (the defaults: 24 or 48 against 20; :func:`_one_window_without_overlap`). An unfinished request has committed at most ``context_len - 2`` tokens, so a
     ``context_len + reserve`` row always holds the step: near the context edge the reserve no
     longer writes past its row (on a CPU an ``IndexError`` in the scheduler, on CUDA a silent write
     into the next request's row)."""
     if not _serving_graft():
         return result
     return max(result, seams.DECODE_RESERVE.resolve()())
+
+
+@functools.cache
+def _get_schedule():
+    return seams.SCHEDULE_CONFIG.resolve()
+
+
+def _one_window_without_overlap(result, *args, **kwargs):
+    """AFTER ``get_alloc_reserve_per_decode``: without the overlap scheduler (always so on a CPU)
+    a GRAFT request holds one decode step's KV window past its committed length, not two.
+
+    SGLang's spec-v2 decode keeps ``2 * get_alloc_len_per_decode()`` slots allocated past each
+    request's ``kv_committed_len``: under the overlap scheduler the committed length the scheduler
+    reads lags the device by a step, and the second window absorbs the lag. Without overlap the
+    committed length is exact when a step is prepared, and the step writes at most one window
+    past it: the draft passes ``topk x num_steps`` slots from ``seq_lens`` on, the verify ``N``
+    (SGLang sizes its spec-v1 pools by the same single window). The reserve is KV no request can
+    use: admission counts it as taken. Worked example, the defaults (steps 6, topk 4, N 16): 48
+    slots per running request become 24; 16 running requests in an 8192-token pool leave 384
+    tokens (4.7 %) more for admitting requests."""
+    if not _serving_graft() or not _get_schedule()().disable_overlap_schedule:
+        return result
+    return seams.DECODE_WINDOW.resolve()()
 
 
 def _no_reserved_tokens(result, *args, **kwargs):
@@ -303,6 +327,7 @@ def register() -> None:
     seams.register_hook(seams.VALIDATE_REQUEST, _validate_request, "BEFORE")
     seams.register_hook(seams.UPDATE_META_INFO, isolated(_update_meta_info), "AROUND")
     seams.register_hook(seams.FREEZE_GC, _freeze_gc_when_listening, "AROUND")
+    seams.register_hook(seams.DECODE_RESERVE, _one_window_without_overlap, "AFTER")
     seams.register_hook(seams.ROW_HEADROOM, _rows_hold_the_reserve, "AFTER")
     seams.register_hook(seams.RESERVED_TOKENS, _no_reserved_tokens, "AFTER")
     seams.register_hook(seams.MODEL_FORWARD, _positions_inside_the_context, "BEFORE")

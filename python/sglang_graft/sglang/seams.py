@@ -189,7 +189,10 @@ ROW_HEADROOM = Seam("sglang.srt.mem_cache.allocation_sizing.get_req_to_token_ext
                     "size each request's req_to_token row for the speculative KV reserve (no write past the row "
                     "at the context edge)")
 DECODE_RESERVE = Seam("sglang.srt.mem_cache.allocation_sizing.get_alloc_reserve_per_decode",
-                      "read the KV a speculative decode step reserves per request")
+                      "read the KV a speculative decode step reserves per request; one step's window "
+                      "without the overlap scheduler")
+DECODE_WINDOW = Seam("sglang.srt.mem_cache.allocation_sizing.get_alloc_len_per_decode",
+                     "the KV one speculative decode step writes past the committed length")
 RESERVED_TOKENS = Seam("sglang.srt.managers.utils.compute_num_reserved_tokens",
                        "admit every request a plain server admits (GRAFT keeps its trees inside the context)")
 MODEL_FORWARD = Seam("sglang.srt.model_executor.model_runner.ModelRunner.forward",
@@ -198,6 +201,8 @@ SPEC_METRICS = Seam("sglang.srt.managers.tokenizer_manager.TokenizerManager._cal
                     "count a request's proposed drafts as the nodes GRAFT verified, not steps x (largest N - 1)")
 SPEC_CONFIG = Seam("sglang.srt.runtime_context.get_spec", "tell whether this server runs GRAFT; the resolved draft "
                    "shape GRAFT's engine is built for (before EAGLEWorkerV2 reads it)")
+SCHEDULE_CONFIG = Seam("sglang.srt.runtime_context.get_schedule",
+                       "tell whether the overlap scheduler runs (it sizes the KV reserve)")
 DEVICE_CONFIG = Seam("sglang.srt.runtime_context.get_device", "the resolved device GRAFT's engine is built on")
 HOOKS_APPLIED = Seam("sglang.srt.plugins.hook_registry.HookRegistry._patched",
                      "check that every GRAFT hook was applied")
