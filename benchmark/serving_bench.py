@@ -15,6 +15,12 @@ throughput per method and concurrency, and the ratio to no speculation.
     python benchmark/serving_bench.py --concurrency 1 4 --prompts-per-level 8 16 --methods none,GRAFT --output-len 64
     python benchmark/serving_bench.py --variant 'GRAFT-plain=GRAFT --speculative-graft-plain-steps on'
 
+Requests per level: several waves of the concurrency (by default 64 / 96 / 105 at 8 / 16 / 32). With
+fixed output lengths the requests of a server without speculation finish in lockstep, a wave at a
+time at a full batch, while a speculative server's finish one by one and its last wave drains at a
+shrinking batch; at two waves per level that drain is a large part of the run, which a server under
+steady traffic never sees (benchmark/RESULTS.md, "Load in waves").
+
 ``EAGLE3-adaptive`` is SGLang's ``--speculative-adaptive`` on the usual 3-step chain (its depth
 follows acceptance and batch size); ``EAGLE3-chain`` and ``EAGLE3-tree`` are the static ones.
 GRAFT methods add their step economy after each level (step-time breakdown, draft passes, budgets
@@ -115,12 +121,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--draft", type=Path, help="EAGLE-3 head dir (default: --target's committed head)")
     ap.add_argument("--methods", default="none,EAGLE3-adaptive,GRAFT", help=f"comma-separated, of {', '.join(METHODS)}")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
-    ap.add_argument("--prompts-per-level", type=int, nargs="+", default=[8, 16, 32, 64],
-                    help="requests sent at each concurrency (one value per --concurrency)")
+    ap.add_argument("--prompts-per-level", type=int, nargs="+", default=[8, 64, 96, 105],
+                    help="requests sent at each concurrency (one value per --concurrency; capped at the dataset's "
+                         "rows); several waves per level, so that the final drain is a small part of the run")
     ap.add_argument("--split", default="report", choices=["tune", "report"],
                     help="built-in prompts (benchmark/prompt_sets.py): 'report' (default) or 'tune'")
     ap.add_argument("--prompts", type=Path, help="JSONL with category and prompt fields instead of the built-in sets")
-    ap.add_argument("--prompts-per-category", type=int, default=10, help="dataset rows per category")
+    ap.add_argument("--prompts-per-category", type=int, default=15,
+                    help="dataset rows per category (15: every category's whole split)")
     ap.add_argument("--output-len", type=int, default=128,
                     help="tokens per request (variable lengths: at most this many)")
     ap.add_argument("--output-len-mode", choices=["fixed", "variable"], default="fixed",
