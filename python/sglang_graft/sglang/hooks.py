@@ -236,7 +236,8 @@ def _rows_hold_the_reserve(result, *args, **kwargs):
 
     SGLang sizes the row ``context_len + 4 + N`` at page size 1, but each speculative decode step
     reserves ``max(num_steps * topk, N)`` slots past ``kv_committed_len``, twice that under the
-    overlap scheduler (the defaults: 24 or 48 against 20; :func:`_one_window_without_overlap`). An unfinished request has committed at most ``context_len - 2`` tokens, so a
+    overlap scheduler (the defaults: 24 or 48 against 20; :func:`_one_window_without_overlap`).
+    An unfinished request has committed at most ``context_len - 2`` tokens, so a
     ``context_len + reserve`` row always holds the step: near the context edge the reserve no
     longer writes past its row (on a CPU an ``IndexError`` in the scheduler, on CUDA a silent write
     into the next request's row)."""
