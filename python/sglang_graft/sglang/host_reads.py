@@ -1,4 +1,5 @@
-"""Host reads per speculative step, under SGLang's EAGLE-3 as under GRAFT (``SGLANG_GRAFT_COUNT_HOST_READS=1``).
+"""Host reads per speculative step, under SGLang's EAGLE-3 as under GRAFT (``SGLANG_GRAFT_COUNT_HOST_READS=1``),
+and the synchronizing CUDA operations torch reports in them (``SGLANG_GRAFT_SYNC_DEBUG=1``, CUDA only).
 
 GRAFT's worker counts the host reads inside every one of its calls (``graft.host_reads`` in
 ``/server_info``). This module counts them the same way on a server running SGLang's own
@@ -35,13 +36,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections import Counter
-from typing import Optional
+from pathlib import PurePath
+from typing import Iterator, Optional
+
+import torch
 
 from sglang_graft.sglang import seams
 from sglang_graft.tree import HostReadCounter
 
 ENV = "SGLANG_GRAFT_COUNT_HOST_READS"
+SYNC_ENV = "SGLANG_GRAFT_SYNC_DEBUG"
+# what torch's sync debug mode says (c10/cuda: TORCH_WARN in warn_or_error_on_sync)
+SYNC_WARNING = "called a synchronizing CUDA operation"
 # The CPU port's stand-ins for SGLang's CUDA kernels (KV copies, attention): SGLang's work, not GRAFT's.
 CPU_KERNELS = "sglang_cpu_port"
 _PACKAGE = "sglang_graft"
@@ -162,16 +170,93 @@ def _count_step(original, worker, batch, *args, **kwargs):
         _READS.add(counter.sites - before, rids, decode)
 
 
+def _short(path: str) -> str:
+    """``.../site-packages/sglang/srt/x.py`` -> ``sglang/srt/x.py`` (the package path of a frame)."""
+    parts = PurePath(path).parts
+    for i, part in enumerate(parts):
+        if part.startswith(("sglang", "torch", "triton")):
+            return "/".join(parts[i:])
+    return "/".join(parts[-2:])
+
+
+class CudaSyncs:
+    """The synchronizing CUDA operations inside speculative worker calls (``SGLANG_GRAFT_SYNC_DEBUG=1``):
+    ``torch.cuda.set_sync_debug_mode("warn")`` for the call, torch's warnings counted by the line that
+    caused them (``package/path.py:line``), decode calls apart from the others (prefill, idle). Other
+    warnings of the call are re-issued. Reports ``{"available": False}`` without CUDA."""
+
+    def __init__(self) -> None:
+        self.available = torch.cuda.is_available()
+        self.decode: Counter = Counter()
+        self.other: Counter = Counter()
+        self.decode_steps = self.calls = 0
+
+    @contextlib.contextmanager
+    def watch(self, decode: bool) -> Iterator[None]:
+        if not self.available:
+            yield
+            return
+        self.calls += 1
+        self.decode_steps += decode
+        previous = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        sites = self.decode if decode else self.other
+        for w in caught:
+            if SYNC_WARNING in str(w.message):
+                sites[f"{_short(w.filename)}:{w.lineno}"] += 1
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    def as_dict(self) -> dict:
+        if not self.available:
+            return {"available": False}
+        return {"available": True, "calls": self.calls, "decode_steps": self.decode_steps,
+                "decode": sum(self.decode.values()), "other": sum(self.other.values()),
+                "decode_sites": dict(self.decode.most_common()), "other_sites": dict(self.other.most_common())}
+
+
+_SYNCS: Optional[CudaSyncs] = None
+
+
+def cuda_syncs() -> Optional[CudaSyncs]:
+    """This process's :class:`CudaSyncs` where ``SGLANG_GRAFT_SYNC_DEBUG=1``, else None."""
+    global _SYNCS
+    if _SYNCS is None and os.environ.get(SYNC_ENV) == "1":
+        _SYNCS = CudaSyncs()
+    return _SYNCS
+
+
+def _watch_syncs(original, worker, batch, *args, **kwargs):
+    """AROUND ``EAGLEWorkerV2.forward_batch_generation`` on an EAGLE server (GRAFT's worker watches
+    its whole call itself)."""
+    if _serving_graft():
+        return original(worker, batch, *args, **kwargs)
+    with cuda_syncs().watch(_is_decode(batch)):
+        return original(worker, batch, *args, **kwargs)
+
+
 def _add_server_info(result, controller, state, *args, **kwargs):
-    """AFTER SGLang's ``/server_info`` speculative contributor: ``state["host_reads"]``."""
+    """AFTER SGLang's ``/server_info`` speculative contributor: ``state["host_reads"]``,
+    ``state["cuda_syncs"]``."""
     if _READS is not None:
         state["host_reads"] = _READS.as_dict()
+    if _SYNCS is not None:
+        state["cuda_syncs"] = _SYNCS.as_dict()
     return result
 
 
 def register() -> None:
-    """Register the hooks where ``SGLANG_GRAFT_COUNT_HOST_READS=1`` (nothing is wrapped otherwise)."""
-    if not enabled():
-        return
-    seams.register_hook(seams.EAGLE_FORWARD, _count_step, "AROUND")
-    seams.register_hook(seams.SERVER_INFO, _add_server_info, "AFTER")
+    """Register the hooks where ``SGLANG_GRAFT_COUNT_HOST_READS=1`` or ``SGLANG_GRAFT_SYNC_DEBUG=1``
+    (nothing is wrapped otherwise)."""
+    if enabled():
+        seams.register_hook(seams.EAGLE_FORWARD, _count_step, "AROUND")
+    if os.environ.get(SYNC_ENV) == "1":
+        seams.register_hook(seams.EAGLE_FORWARD, _watch_syncs, "AROUND")
+    if enabled() or os.environ.get(SYNC_ENV) == "1":
+        seams.register_hook(seams.SERVER_INFO, _add_server_info, "AFTER")

@@ -133,6 +133,10 @@ PREPARE_FOR_DRAFT = Seam(f"{_SW}.eagle_worker_v2.prepare_for_draft",
                          "keep the draft's KV plan when drafting stops early")
 GRAPH_BACKEND_CHECK = Seam(f"{_SW}.eagle_worker_v2.check_cuda_graph_backend",
                            "build budget states without verify graphs where the server has none (CPU)")
+VERIFY_GRAPH_EXECUTE = Seam("sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner."
+                            "execute", "count each verify budget's CUDA graph replays (/server_info)")
+DRAFT_EXTEND_GRAPH_EXECUTE = Seam(f"{_SW}.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner."
+                                  "execute", "count each verify budget's draft-extend CUDA graph replays")
 SPEC_RUNTIME_STATE = Seam(f"{_SW}.adaptive_runtime_state.SpecRuntimeState",
                           "hold one verify budget's attention backends and graphs")
 

@@ -47,7 +47,9 @@ import torch
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.outcome import HostOutcome, StepOutcome
 from sglang_graft.sglang import sampling, seams
+from sglang_graft.sglang.host_reads import cuda_syncs
 from sglang_graft.sglang.attention_kernels import COUNT_ENV, AttentionKernelCounter
+from sglang_graft.sglang.budget_states import BudgetStates
 from sglang_graft.sglang.metrics import maybe_prometheus
 from sglang_graft.sglang.draft_worker import (
     GraftContext, GraftDraftWorker, GraftVerifyInput, plain_verify_mask, verify_mask, verify_mask_mode,
@@ -100,8 +102,9 @@ class GraftWorkerV2(EAGLEWorkerV2):
             raise seams.EAGLE_WORKER.error(f"EAGLEWorkerV2 resolved another draft shape or device than GRAFT's engine "
                                            f"was built for (N, steps, topk, device) = {built_for}")
         self.host_reads = HostReadCounter() if os.environ.get("SGLANG_GRAFT_COUNT_HOST_READS") == "1" else None
+        self.cuda_syncs = cuda_syncs()  # SGLANG_GRAFT_SYNC_DEBUG=1: torch's sync warnings counted
         self.attention_kernels = AttentionKernelCounter() if os.environ.get(COUNT_ENV) == "1" else None
-        self._budget_states: dict = {}
+        self.budget_states = BudgetStates()
         self.mask_modes: dict = {}  # verify steps per "target backend class:mask layout" (/server_info)
         self.prometheus = maybe_prometheus(server_args)
         self._verified: Optional[tuple[StepPlan, int]] = None  # this step's plan and batch size, once verified
@@ -113,13 +116,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
     # -- verify budgets: one SGLang runtime state (attention backends, verify graph) each --------
     def init_cuda_graphs(self):
         super().init_cuda_graphs()
-        if len(self.budgets) > 1:
-            with contextlib.ExitStack() as stack:
-                tp_context, moe, a2a = (seam.resolve() for seam in seams.DRAFT_CONTEXTS)
-                stack.enter_context(tp_context(self._draft_worker.parallel_layout))
-                stack.enter_context(moe())
-                stack.enter_context(a2a())
-                self._budget_states = self._build_budget_states(self.budgets)
+        self.budget_states.build(self, self.budgets)
         self._warm_up_tree_kernels()
         if self.attention_kernels is not None:
             self._watch_attention_kernels()
@@ -127,7 +124,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
     def _watch_attention_kernels(self) -> None:
         """``SGLANG_GRAFT_COUNT_ATTENTION_KERNELS=1``: count the Triton attention kernels of every
         backend the step can use (each budget's target, draft decode and draft extend backends)."""
-        dw, states = self._draft_worker, list(self._budget_states.values())
+        dw = self._draft_worker
+        states = [s for n, s in self.budget_states.states.items() if n != self.budgets[-1]]
         count = self.attention_kernels.watch
         count("target", [self._target_worker.model_runner.attn_backend] + [s.target_attn_backend for s in states])
         count("draft_decode", [dw.draft_attn_backend] + [s.draft_attn_backend for s in states])
@@ -147,56 +145,18 @@ class GraftWorkerV2(EAGLEWorkerV2):
         if shapes:
             logger.info("GRAFT compiled its tree kernels for %d step shapes", shapes)
 
-    def _build_budget_states(self, budgets) -> dict:
-        """SGLang's adaptive-spec runtime states, one per budget ``N`` (same draft depth); the
-        largest budget is the state SGLang built at start-up."""
-        seams.BUILD_RUNTIME_STATE.resolve()
-        dw = self._draft_worker
-        states = {budgets[-1]: seams.SPEC_RUNTIME_STATE.resolve()(
-            speculative_num_steps=self.speculative_num_steps,
-            speculative_num_draft_tokens=budgets[-1],
-            draft_attn_backend=dw.draft_attn_backend,
-            cuda_graph_runner=dw.cuda_graph_runner,
-            target_attn_backend=self._target_worker.model_runner.attn_backend,
-            target_graph_runner=self._target_worker.model_runner.decode_cuda_graph_runner,
-            draft_extend_attn_backend=dw.draft_extend_attn_backend,
-            cuda_graph_runner_for_draft_extend=dw.cuda_graph_runner_for_draft_extend,
-        )}
-        with contextlib.ExitStack() as stack:
-            if self._target_worker.model_runner.decode_cuda_graph_runner is None:
-                # no verify graph at start-up (CPU, --disable-cuda-graph): none per budget either
-                stack.enter_context(seams.swapped(seams.GRAPH_BACKEND_CHECK, lambda phase, backend: True))
-            for n in budgets[:-1]:
-                states[n] = self.build_adaptive_runtime_state(self.speculative_num_steps, n)
-        return states
-
-    def _use_budget(self, num_nodes: int) -> None:
-        """Switch verify and draft extend to budget ``num_nodes`` (mirrors SGLang's
-        ``apply_runtime_state`` for a state with the same draft depth; KV is reserved for the
-        largest budget, which SGLang's published configuration keeps). SGLang's own code reads the
-        installed budget from ``speculative_num_draft_tokens``; GRAFT reads a step's ``N`` from its
-        verify input (``draft_token_num``) and never from that field."""
-        if num_nodes == self.speculative_num_draft_tokens:
-            return
-        state = self._budget_states[num_nodes]
-        dw = self._draft_worker
-        self.speculative_num_draft_tokens = dw.speculative_num_draft_tokens = num_nodes
-        dw.draft_extend_attn_backend = state.draft_extend_attn_backend
-        if state.draft_extend_attn_backend is not None:
-            dw.draft_runner.attn_backend = state.draft_extend_attn_backend
-        dw.cuda_graph_runner_for_draft_extend = state.cuda_graph_runner_for_draft_extend
-        runner = self._target_worker.model_runner
-        runner.attn_backend = state.target_attn_backend
-        runner.decode_cuda_graph_runner = state.target_graph_runner
-
     # -- the step ----------------------------------------------------------------------------
     def forward_batch_generation(self, batch, *args, **kwargs):
-        with self.host_reads if self.host_reads is not None else contextlib.nullcontext():
+        decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
+        with contextlib.ExitStack() as watchers:
+            if self.host_reads is not None:
+                watchers.enter_context(self.host_reads)
+            if self.cuda_syncs is not None:
+                watchers.enter_context(self.cuda_syncs.watch(decode))
             if self.sync_free:
                 if self.retrieval.ring is None:  # SGLang's request pool exists from the first call on
                     self.retrieval.use_ring(self._target_worker.model_runner.req_to_token_pool.req_to_token.shape[0])
                 self._take_in(self.retrieval.drain())
-            decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
             if not decode:
                 return super().forward_batch_generation(batch, *args, **kwargs)
             self.stepper.timer.begin()
@@ -242,7 +202,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
             raise seams.BUILD_VERIFY_INPUT.error(f"verify got {type(verify_input).__name__}, not GRAFT's tree")
         if not idle:  # this step's budget: its attention backends, and the tree mask in their layout
             with self.stepper.timer.phase("tree"):
-                self._use_budget(verify_input.draft_token_num)
+                self.budget_states.use(self, verify_input.draft_token_num)
                 backend = self._target_worker.model_runner.attn_backend
                 mode = verify_mask_mode(backend, self._draft_worker.tree_mask_mode)
                 key = f"{type(backend).__name__}:{mode.name}"
@@ -390,7 +350,7 @@ def server_counters() -> Optional[dict]:
     out = {**retrieval.counters.as_dict(), **retrieval.store_usage(),
            "economy": {**worker.stepper.as_dict(), "draft_lag": worker.lag.as_dict()},
            "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free,
-           "graph": _graph_stats(worker)}
+           "graph": _graph_stats(worker), "budget_states": worker.budget_states.as_dict()}
     if worker._draft_worker is not None:
         out["verify_masks"] = dict(worker.mask_modes)  # "<target backend>:<mask layout>": steps
     if worker.attention_kernels is not None:
