@@ -52,11 +52,15 @@ class SGLangServer:
 
     def __init__(self, model_path: str | Path, extra_args: Optional[list[str]] = None,
                  log_path: Optional[Path] = None, timeout: float = 240.0, env: Optional[dict] = None,
-                 clean_stop: bool = False):
+                 clean_stop: bool = False, base_args: Optional[list[str]] = None,
+                 launcher: Optional[list[str]] = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
-                     "--host", "127.0.0.1", "--port", str(self.port), *CPU_ARGS, *(extra_args or [])]
+        # base_args: the device and serving settings (default: the CPU ones, CPU_ARGS); launcher: what
+        # runs SGLang's launcher (default: -m sglang.launch_server; a test's wrapper script and its own args)
+        self.args = [sys.executable, *(launcher or ["-m", "sglang.launch_server"]), "--model-path", str(model_path),
+                     "--host", "127.0.0.1", "--port", str(self.port),
+                     *(CPU_ARGS if base_args is None else base_args), *(extra_args or [])]
         self.log_path = log_path
         self.timeout = timeout
         self.proc: Optional[subprocess.Popen] = None

@@ -13,10 +13,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # Files whose served tests take minutes, slowest first: with two workers (scripts/test.sh) they are
 # handed out before the quick files, which then fill the gaps.
-SLOW_FILES = ("test_spec_bench.py", "test_graft_server.py", "test_graft_reliability.py", "test_moe_tp.py",
+SLOW_FILES = ("test_gpu_serve_check.py", "test_spec_bench.py", "test_graft_server.py", "test_graft_reliability.py", "test_moe_tp.py",
               "test_triton_backend.py", "test_graft_tp.py", "test_cpu_serving.py", "test_request_edges.py",
               "test_host_reads_served.py", "test_install_check.py", "test_kernels.py", "test_quiet_start.py",
-              "test_gemma3_sliding.py")
+              "test_gemma3_sliding.py", "test_gpu_bundle.py", "test_cuda_standin.py")
 
 
 def pytest_collection_modifyitems(items):
