@@ -100,7 +100,7 @@ def _server_args(**kw):
 @pytest.mark.parametrize("kw,flag", [
     (dict(speculative_draft_model_path=None), "--speculative-draft-model-path"),
     (dict(device="xpu"), "--device"),
-    (dict(page_size=16), "--page-size"),
+    (dict(page_size=16, _raw_input={"page_size": 16}), "--page-size"),
     (dict(speculative_use_rejection_sampling=True), "--speculative-use-rejection-sampling"),
     (dict(speculative_accept_threshold_single=0.5), "--speculative-accept-threshold-single"),
     (dict(speculative_accept_threshold_acc=0.3), "--speculative-accept-threshold-acc"),
@@ -130,6 +130,24 @@ def test_launch_guards_pick_a_tree_verify_backend_when_sglang_picked_another():
         algorithm.check_server_args(sa)
         assert sa.attention_backend == backend
     algorithm.check_server_args(_server_args(attention_backend="intel_amx"))
+
+
+def test_a_page_size_sglang_picked_for_its_backend_goes_back_to_one():
+    """Blackwell with --speculative-eagle-topk 1: SGLang picks trtllm_mha and page size 64 for it;
+    GRAFT replaces the backend first, then the page size, and names no flag the user did not pass."""
+    sa = _server_args(device="cuda", attention_backend="trtllm_mha", page_size=64)
+    algorithm.check_server_args(sa)
+    assert (sa.attention_backend, sa.page_size) == ("triton", 1)
+    sa = _server_args(device="cuda", attention_backend="flashinfer", page_size=16,
+                      _raw_input={"attention_backend": "flashinfer"})
+    algorithm.check_server_args(sa)
+    assert (sa.attention_backend, sa.page_size) == ("flashinfer", 1)
+    with pytest.raises(ValueError, match=r"^--page-size 64: GRAFT needs --page-size 1"):
+        algorithm.check_server_args(_server_args(device="cuda", attention_backend="trtllm_mha", page_size=64,
+                                                 _raw_input={"page_size": 64}))
+    with pytest.raises(ValueError, match=r"^--attention-backend trtllm_mha: GRAFT verifies trees with"):
+        algorithm.check_server_args(_server_args(device="cuda", attention_backend="trtllm_mha", page_size=64,
+                                                 _raw_input={"attention_backend": "trtllm_mha"}))
 
 
 def test_cpu_triton_backend_needs_the_interpreter(monkeypatch):

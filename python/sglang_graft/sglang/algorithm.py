@@ -96,9 +96,8 @@ def check_server_args(sa) -> None:
         raise ValueError("--speculative-algorithm GRAFT needs --speculative-draft-model-path (an EAGLE-3 head)")
     if sa.device not in TREE_VERIFY_BACKENDS:
         raise ValueError(f"GRAFT runs on --device cuda or cpu, got --device {sa.device}")
-    if (sa.page_size or 1) != 1:
-        raise ValueError(f"GRAFT needs --page-size 1 (its irregular trees use the topk > 1 KV layout), "
-                         f"got {sa.page_size}")
+    _check_attention_backend(sa, raw)  # first: it may replace the backend SGLang picked, and its page size
+    _check_page_size(sa, raw)
     if sa.speculative_use_rejection_sampling:
         raise ValueError("--speculative-use-rejection-sampling is chain-only; GRAFT verifies trees "
                          "with target-only tree sampling")
@@ -121,7 +120,21 @@ def check_server_args(sa) -> None:
     if sa.disaggregation_mode not in (None, "null"):
         raise ValueError(f"--disaggregation-mode {sa.disaggregation_mode} is not supported by GRAFT "
                          "(retrieval stores are built while a request is prefilled)")
-    _check_attention_backend(sa, raw)
+
+
+def _check_page_size(sa, raw: dict) -> None:
+    """Page size 1: GRAFT's irregular trees use the topk > 1 KV layout. A page size the user chose
+    is refused; one SGLang chose for the attention backend it picked (e.g. 64 for trtllm_mha on
+    Blackwell, whose default backend GRAFT replaces) goes back to 1, which every tree verify backend
+    GRAFT serves takes."""
+    if (sa.page_size or 1) == 1:
+        return
+    if raw.get("page_size") is not None:
+        raise ValueError(f"--page-size {sa.page_size}: GRAFT needs --page-size 1 (its irregular trees use the "
+                         "topk > 1 KV layout)")
+    logger.warning("GRAFT: SGLang picked --page-size %s; using 1 (GRAFT's trees need it, and %s takes it)",
+                   sa.page_size, sa.attention_backend)
+    sa.page_size = 1
 
 
 def triton_interpreted() -> bool:
