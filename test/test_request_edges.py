@@ -30,11 +30,13 @@ head, float32), one of each for the whole module (``graft_server``, ``plain_serv
 from __future__ import annotations
 
 import concurrent.futures as cf
+from pathlib import Path
 
 import pytest
 import requests
 
 from server_utils import SGLangServer
+from request_edges import EDGE_CASES, EDGE_CODES, edge_body  # noqa: E402 (benchmark/, on the path)
 
 VOCAB = 4096
 # Plain steps off: every decode step verifies a tree, so the edges below meet the speculative commit
@@ -316,21 +318,8 @@ def test_multi_turn_prefix_cache_reuse_matches_no_speculation(graft_server, plai
 
 
 # -- 3. the end of the context -------------------------------------------------------------------
-# (prompt tokens, max_new_tokens or None for SGLang's default of 128); the tiny Llama's context is
-# 2048 tokens, SGLang admits prompts of up to 2042 (context - 6) and prompt + max_new_tokens < 2048
-EDGE_CASES = [(1990, 34), (1900, 124), (2023, None), (1990, None), (2040, None), (2041, None), (2043, None),
-              (2046, None), (2000, 46), (2000, 60), (600, None)]
-EDGE_CODES = [200, 200, 200, 200, 200, 200, 400, 400, 200, 400, 200]
-
-
-def _edge_prompt(n: int) -> list[int]:
-    """A prompt with repeats, so that retrieval grafts long chains."""
-    return [10 + (i * 7) % 97 for i in range(n)]
-
-
 def _edge_ask(srv, n: int, max_new) -> tuple:
-    params = {"temperature": 0} if max_new is None else {"temperature": 0, "max_new_tokens": max_new}
-    r = _post(srv, {"input_ids": _edge_prompt(n), "sampling_params": params})
+    r = _post(srv, edge_body(n, max_new))
     if r.status_code != 200:
         return r.status_code, None, None
     body = r.json()
@@ -372,6 +361,28 @@ def test_context_edge_with_the_default_shape_fixed_budget_and_sync_free(tiny_mod
             "--max-running-requests", "16", "--speculative-graft-budget-mode", "fixed", "--speculative-graft-sync-free", "on"]
     with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "request-edges-context.log") as srv:
         _check_edge("graft defaults, fixed, sync-free", plain_edge_answers, *_edge_answers(srv))
+
+
+@pytest.mark.server
+def test_context_edge_through_the_draft_extend_graph_path(tiny_models, server_logs, plain_edge_answers, tmp_path):
+    """SGLang's draft-extend CUDA graph copies the batch's positions and replays without
+    ``ModelRunner.forward``, whose hook clamps every forward's positions to the context. A CPU has
+    no such graph: ``draft_extend_graph_standin.py`` takes its path eagerly (the draft model run
+    from the prepared batch, no ``ModelRunner.forward``). At GRAFT's default shape with 16 nodes
+    every step, a draft extend near the end of the context writes 16 positions past the committed
+    length: every one ran below the context (2048), and the answers are no speculation's."""
+    record = tmp_path / "draft_extend_positions.txt"
+    args = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
+            "--max-running-requests", "16", "--speculative-graft-budget-mode", "fixed",
+            "--speculative-graft-plain-steps", "off"]
+    launcher = [str(Path(__file__).with_name("draft_extend_graph_standin.py")), str(record)]
+    with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "request-edges-extend-graph.log",
+                      launcher=launcher) as srv:
+        _check_edge("graft, draft-extend graph path", plain_edge_answers, *_edge_answers(srv))
+        replays = _graft_state(srv)["budget_states"]["replays"]["draft_extend"]
+    positions = [int(line) for line in record.read_text().split()]
+    assert len(positions) == replays["16"] > 100, (len(positions), replays)
+    assert max(positions) == 2047, max(positions)  # the context's last position, reached and not passed
 
 
 # -- 4. a full KV pool ---------------------------------------------------------------------------

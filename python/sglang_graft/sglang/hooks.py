@@ -280,6 +280,13 @@ def _no_reserved_tokens(result, *args, **kwargs):
     return 0
 
 
+def _clamp_positions(forward_batch, context_len: int) -> None:
+    """Positions of ``forward_batch`` clamped in place to ``context_len - 1`` (one ``clamp_``)."""
+    positions = getattr(forward_batch, "positions", None)
+    if positions is not None and positions.numel():
+        positions.clamp_(max=context_len - 1)
+
+
 def _positions_inside_the_context(model_runner, forward_batch, *args, **kwargs):
     """BEFORE ``ModelRunner.forward`` (target and draft): under GRAFT no position reaches past the
     context: positions are clamped, in place on the device, to ``context_len - 1``.
@@ -295,10 +302,23 @@ def _positions_inside_the_context(model_runner, forward_batch, *args, **kwargs):
     else (one ``clamp_`` per forward)."""
     if not _serving_graft():
         return None
-    positions = getattr(forward_batch, "positions", None)
-    if positions is not None and positions.numel():
-        positions.clamp_(max=model_runner.model_config.context_len - 1)
+    _clamp_positions(forward_batch, model_runner.model_config.context_len)
     return None
+
+
+def _draft_extend_inside_the_context(result, *args, **kwargs):
+    """AFTER ``prepare_for_draft_extend`` (the draft extend's batch, eager or graph): its positions
+    clamped as :func:`_positions_inside_the_context` clamps every forward's. SGLang's draft-extend
+    CUDA graph (``EAGLEDraftExtendCudaGraphRunner.execute``) copies the batch's positions into its
+    static buffers and replays without going through ``ModelRunner.forward``, so that hook never sees
+    them; the eager path sees them twice (a no-op the second time)."""
+    if not _serving_graft() or result is None:
+        return result
+    runner = kwargs.get("draft_model_runner", args[4] if len(args) > 4 else None)
+    if runner is None:
+        raise seams.PREPARE_DRAFT_EXTEND.error("called without its draft model runner (5th argument)")
+    _clamp_positions(result, runner.model_config.context_len)
+    return result
 
 
 def _spec_metrics_as_verified(result, tokenizer_manager, meta_info, *args, **kwargs):
@@ -332,4 +352,5 @@ def register() -> None:
     seams.register_hook(seams.ROW_HEADROOM, _rows_hold_the_reserve, "AFTER")
     seams.register_hook(seams.RESERVED_TOKENS, _no_reserved_tokens, "AFTER")
     seams.register_hook(seams.MODEL_FORWARD, _positions_inside_the_context, "BEFORE")
+    seams.register_hook(seams.PREPARE_DRAFT_EXTEND, _draft_extend_inside_the_context, "AFTER")
     seams.register_hook(seams.SPEC_METRICS, isolated(_spec_metrics_as_verified), "AFTER")

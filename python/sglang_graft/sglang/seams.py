@@ -201,6 +201,9 @@ RESERVED_TOKENS = Seam("sglang.srt.managers.utils.compute_num_reserved_tokens",
                        "admit every request a plain server admits (GRAFT keeps its trees inside the context)")
 MODEL_FORWARD = Seam("sglang.srt.model_executor.model_runner.ModelRunner.forward",
                      "keep every tree node's position inside the model's context (rotary tables end there)")
+PREPARE_DRAFT_EXTEND = Seam(f"{_SW}.eagle_worker_v2.prepare_for_draft_extend",
+                            "keep the draft extend's positions inside the context on its CUDA-graph path too "
+                            "(the graph runner copies them without going through ModelRunner.forward)")
 SPEC_METRICS = Seam("sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
                     "count a request's proposed drafts as the nodes GRAFT verified, not steps x (largest N - 1)")
 SPEC_CONFIG = Seam("sglang.srt.runtime_context.get_spec", "tell whether this server runs GRAFT; the resolved draft "
