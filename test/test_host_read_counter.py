@@ -66,6 +66,11 @@ READS = {
     "torch.cpu.synchronize": lambda: torch.cpu.synchronize(),
     "x in t": lambda: 2 in T,
     "is_nonzero": lambda: torch.is_nonzero(SCALAR),
+    # factory uploads: host data copied to a device given (on a GPU the host waits for the stream)
+    "tensor(list, device=)": lambda: torch.tensor([1, 2], device="cpu"),
+    "tensor(ndarray, device=, dtype=)": lambda: torch.tensor(np.arange(3), dtype=torch.int64, device="cpu"),
+    "as_tensor(list, device=)": lambda: torch.as_tensor([1, 2], device="cpu"),
+    "asarray(list, device=)": lambda: torch.asarray([1, 2], device="cpu"),
     # caught before
     "nonzero": lambda: torch.nonzero(T),
     "nonzero(as_tuple)": lambda: torch.nonzero(T, as_tuple=True),
@@ -101,6 +106,9 @@ NOT_READS = {
     "copy_ between CPU tensors": lambda: torch.empty(5).copy_(T),
     "integer and long indexing": lambda: (T[1], T[torch.tensor([0, 2])], T[1:3]),
     "np.asarray of a list": lambda: np.asarray([1, 2]),
+    "tensor(list) on the host, no device": lambda: torch.tensor([1, 2]),
+    "full(..., device=): no host data": lambda: torch.full((3,), 7, device="cpu"),
+    "as_tensor(tensor, device=)": lambda: torch.as_tensor(T, device="cpu"),
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+from pathlib import Path
 
 import pytest
 import requests
@@ -109,6 +110,46 @@ def test_graft_verifies_through_the_triton_backend_token_exact(tiny_models, serv
     assert drafted + retrieved > 0
     if mode == "chain-grafted":  # the chain is kept at the first checkpoint and retrieval fills the rest
         assert sum(graft["stage_histogram"][1:]) > 0 and retrieved > 0, graft
+
+
+def test_without_host_lengths_the_draft_metadata_and_verify_masks_read_nothing_and_allocate_by_the_batch(
+        tiny_models, server_logs, reference, tmp_path):
+    """Decode batches without ``seq_lens_sum`` / ``seq_lens_cpu`` (what SGLang's overlap scheduler hands
+    a Triton backend on CUDA; ``device_lengths_launcher.py`` drops them here), a tree draft, the
+    sync-free step: the eager draft's attention metadata (SGLang's multi-step Triton backend, GRAFT's
+    static buffer) and GRAFT's verify masks make no host read and allocate nothing as long as the
+    context (SGLang's eager draft metadata allocates ``[steps, bs x topk x context]`` KV indices every
+    step and copies each level's slice, a FULL mask sized from the device's sum reads it; what they
+    allocate now is each level's attention scratch, SGLang's, sized by the batch and the heads). The static buffer is GRAFT's planned
+    memory, taken out of the KV pool."""
+    ids, ref = reference
+    record = tmp_path / "meter.jsonl"
+    launcher = [str(Path(__file__).with_name("device_lengths_launcher.py")), str(record)]
+    args = _graft_args(tiny_models, "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
+                       "--speculative-graft-sync-free", "on")
+    with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "graft-triton-device-lengths.log",
+                      env={**TRITON_ENV, **pinned_env(tmp_path / "pinned")}, launcher=launcher) as srv:
+        with cf.ThreadPoolExecutor(2) as pool:
+            outs = list(pool.map(lambda i: srv.generate_ids(ids[i], NEW_TOKENS), (1, 2)))
+        graft = requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["graft"]
+    assert [o["output_ids"] for o in outs] == [ref[1], ref[2]]
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    draft = [c for c in calls if c["kind"] == "draft_metadata"]
+    masks = [c for c in calls if c["kind"].endswith("verify_mask")]
+    assert len(draft) >= graft["economy"]["steps"] > 0 and len(masks) == graft["economy"]["steps"], (len(draft), graft)
+    context, steps, topk, nodes = 2048, 3, 2, 8
+    for c in draft + masks:
+        assert c["host_reads"] == 0, c
+    for c in draft:
+        assert c["longest"] < context, c
+    # the scratch buffer, sized for bs x context prefix cells at the largest budget: once per larger batch
+    grown = [c for c in masks if c["longest"] >= context]
+    assert 1 <= len(grown) <= 2 and all(c["longest"] == c["bs"] * (context + nodes) * nodes for c in grown), grown
+    for c in masks:
+        assert c in grown or c["bytes"] <= c["bs"] * nodes * nodes * 64, c
+    plan = graft["memory_plan"]  # no CUDA graphs on a CPU: the eager draft's buffer for GRAFT's 48 requests
+    assert plan["shape"]["max_bs"] == 0 and plan["eagle3"] == 0 and plan["shape"]["max_requests"] == 48, plan
+    assert plan["graft"] == plan["extra"] == plan["kv_bytes_taken"] == steps * 48 * topk * context * 8, plan
 
 
 def test_the_mask_layout_follows_the_target_backend():

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import torch
 
 from sglang_graft.config import GraftConfig
-from sglang_graft.sglang import seams
+from sglang_graft.sglang import draft_metadata, seams
 from sglang_graft.engine.tree_graph import POISON_ENV
 from sglang_graft.sglang.draft_graph import CapturedDraftRunner
 from sglang_graft.sglang.draft_runner import DraftRunner, EagerDraftRunner, first_level_pool, max_prob
@@ -27,10 +27,12 @@ from sglang_graft.engine.retrieval_state import GraftRetrieval, NotAdmittedError
 from sglang_graft.engine.plans import PlainPlan, StepPlan
 from sglang_graft.engine.step import GraftStepper
 from sglang_graft.engine.tp_check import TreeHashCheck
+from sglang_graft.kernels import device_kernels
 from sglang_graft.tree import (
     DraftPool, TreeMaskMode, encode_tree_mask, from_host,
     write_tree_mask,
 )
+from sglang_graft.tree.flatten import full_tree_mask
 from sglang_graft.tree.types import VerifyLayout
 
 logger = logging.getLogger(__name__)
@@ -104,34 +106,85 @@ def verify_mask_mode(backend, default) -> TreeMaskMode:
     return TreeMaskMode(int(default))
 
 
-def plain_verify_mask(batch, backend, mode: TreeMaskMode) -> torch.Tensor:
+class MaskScratch:
+    """A worker's flat bool buffer for FULL verify masks whose size the host does not know.
+
+    Under the overlap scheduler a backend that plans on the device (Triton) gets no host copy of the
+    batch's lengths (``seq_lens_sum`` and ``seq_lens_cpu`` None); a FULL mask is then laid out for
+    ``bs x context`` prefix cells, SGLang's own bound on its eager paths, and written here rather
+    than allocated every step (the kernels read each request's rows at offsets computed on the
+    device). One buffer, as one step at a time masks; sized for the largest budget ``max_nodes`` when
+    it grows (a larger batch), so other budgets never grow it."""
+
+    def __init__(self, max_nodes: int) -> None:
+        self.max_nodes = max_nodes
+        self.buffer: Optional[torch.Tensor] = None
+
+    def get(self, cells: int, bs: int, num_nodes: int, device) -> torch.Tensor:
+        """The first ``cells * num_nodes + bs * num_nodes ** 2`` entries (a FULL mask's layout for
+        ``cells`` prefix cells); ``num_nodes`` 1 with ``cells + bs`` for a plain step's one-node trees."""
+        size = cells * num_nodes + bs * num_nodes * num_nodes
+        if self.buffer is None or self.buffer.numel() < size or self.buffer.device != torch.device(device):
+            n = max(num_nodes, self.max_nodes)
+            self.buffer = torch.ones(cells * n + bs * n * n, dtype=torch.bool, device=device)
+        return self.buffer[:size]
+
+
+def prefix_cells(batch, backend) -> tuple[int, bool]:
+    """``(sum of the batch's lengths, exact)`` without a device read: SGLang's host sum or host
+    copy of the lengths, else ``bs x max_context_len`` (``exact`` False), else (a backend that
+    states no context length) the device's sum."""
+    if batch.seq_lens_sum is not None:
+        return int(batch.seq_lens_sum), True
+    if getattr(batch, "seq_lens_cpu", None) is not None:
+        return int(batch.seq_lens_cpu.sum()), True
+    context = getattr(backend, "max_context_len", None)
+    if context is None:
+        return int(batch.seq_lens.sum()), True
+    return batch.seq_lens.shape[0] * int(context), False
+
+
+def plain_verify_mask(batch, backend, mode: TreeMaskMode, scratch: Optional[MaskScratch] = None) -> torch.Tensor:
     """The mask of a plain step's one-node trees, all visible (SGLang's rule in
     ``_build_trivial_verify_input``): the backend's verify buffer filled when it owns one, else one
-    entry per request (``mode`` QLEN_ONLY*: one 1 x 1 block each) or, for FULL rows, ``seq_lens_sum
-    + bs`` entries (a request's row covers its prefix and its root; the sum read as
-    :func:`verify_mask` reads it)."""
+    entry per request (``mode`` QLEN_ONLY*: one 1 x 1 block each) or, for FULL rows, ``sum(seq_lens)
+    + bs`` entries (a request's row covers its prefix and its root; the sum as :func:`prefix_cells`
+    finds it, in ``scratch`` where it is a bound)."""
     verify_buffer = getattr(backend, "verify_mask", None)
     bs = batch.seq_lens.shape[0]
     if verify_buffer is not None and verify_buffer.fits(bs):
         return verify_buffer.buffer.fill_(True)
-    size = bs
+    device = batch.seq_lens.device
     if mode == TreeMaskMode.FULL_MASK:
-        size += batch.seq_lens_sum if batch.seq_lens_sum is not None else int(batch.seq_lens.sum())
+        cells, exact = prefix_cells(batch, backend)
+        if not exact and scratch is not None:
+            return scratch.get(cells, bs, 1, device).fill_(True)
+        return torch.ones(cells + bs, dtype=torch.bool, device=device)
     dtype = torch.uint8 if mode == TreeMaskMode.QLEN_ONLY_BITPACKING else torch.bool  # bit 0: the root itself
-    return torch.ones(size, dtype=dtype, device=batch.seq_lens.device)
+    return torch.ones(bs, dtype=dtype, device=device)
 
 
-def verify_mask(layout: VerifyLayout, batch, backend, default: TreeMaskMode) -> torch.Tensor:
+def verify_mask(layout: VerifyLayout, batch, backend, default: TreeMaskMode,
+                scratch: Optional[MaskScratch] = None) -> torch.Tensor:
     """The tree mask in the target attention ``backend``'s encoding (:func:`verify_mask_mode`), in
-    its buffer when it owns one (the ``tree_mask`` kernel on CUDA: no host read)."""
+    its buffer when it owns one (the ``tree_mask`` kernel on CUDA: no host read); FULL rows
+    otherwise sized by :func:`prefix_cells` (in ``scratch`` where that is a bound: no host read, no
+    allocation per step)."""
     verify_buffer = getattr(backend, "verify_mask", None)
     mode = verify_mask_mode(backend, default)
     if verify_buffer is not None and verify_buffer.fits(batch.seq_lens.shape[0]):
         return write_tree_mask(layout, batch.seq_lens, mode, verify_buffer.buffer, batch.seq_lens_sum)
-    seq_lens_sum = batch.seq_lens_sum
-    if seq_lens_sum is None and mode == TreeMaskMode.FULL_MASK:
-        seq_lens_sum = int(batch.seq_lens.sum())
-    return encode_tree_mask(layout.ancestor_mask, mode, batch.seq_lens, seq_lens_sum)
+    if mode != TreeMaskMode.FULL_MASK:
+        return encode_tree_mask(layout.ancestor_mask, mode, batch.seq_lens)
+    cells, exact = prefix_cells(batch, backend)
+    if exact or scratch is None:
+        return encode_tree_mask(layout.ancestor_mask, mode, batch.seq_lens, cells)
+    bs, n, _ = layout.ancestor_mask.shape
+    out = scratch.get(cells, bs, n, batch.seq_lens.device)
+    if device_kernels(out.device) is not None:
+        return write_tree_mask(layout, batch.seq_lens, mode, out, cells)  # whole rows, offsets on the device
+    out.fill_(True)  # the torch encoder writes the tree cells only
+    return full_tree_mask(layout.ancestor_mask, batch.seq_lens, cells, out=out)
 
 
 class GraftDraftWorker(EagleDraftWorker):
@@ -149,11 +202,17 @@ class GraftDraftWorker(EagleDraftWorker):
             self.runner = CapturedDraftRunner(graph, poison=os.environ.get(POISON_ENV) == "1")
 
     def _capture_cuda_graphs(self):
-        super()._capture_cuda_graphs()
-        if self.cuda_graph_runner is not None:
-            # The captured draft loop would hide the candidate pool GRAFT prunes from.
-            logger.info("GRAFT runs the draft loop eagerly (draft decode CUDA graph released)")
-            self.cuda_graph_runner = None
+        """SGLang's graphs without the draft-decode one: the captured draft loop would hide the
+        candidate pool GRAFT prunes from. The eager draft's metadata then lives in one static
+        buffer (:mod:`draft_metadata`), installed once on the draft-decode backend every budget
+        state shares."""
+        with seams.swapped(seams.DRAFT_DECODE_GRAPH_RUNNER, lambda worker: None):
+            super()._capture_cuda_graphs()
+        self.cuda_graph_runner = None
+        if self.draft_attn_backend is not None and draft_metadata.install(
+                self.draft_attn_backend, self.req_to_token_pool.size, self.device) is not None:
+            logger.info("GRAFT drafts eagerly, its attention metadata in a static buffer for %d requests",
+                        self.req_to_token_pool.size)
 
     def _rebuild_topk1_chain_buffers(self) -> None:
         """SGLang's chain fast path pins ``N = num_steps + 1``; GRAFT reads only the chain's tokens

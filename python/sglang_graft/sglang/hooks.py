@@ -2,7 +2,8 @@
 
 Scheduler side: free a request's retrieval state with its KV, add GRAFT's counters to
 ``/server_info``; at the end of the context, size each request's ``req_to_token`` row for the
-speculative KV reserve and keep every forward's positions inside the context. HTTP / tokenizer
+speculative KV reserve and keep every forward's positions inside the context (the draft extend's
+too, which its CUDA graph replays without going through ``ModelRunner.forward``). HTTP / tokenizer
 side: wait for the HTTP server before SGLang's post-start ``/freeze_gc`` call; admit every request
 a plain server admits (no tokens taken off the context); reject inputs that would take the
 scheduler down with a 400 (a prompt that tokenizes to nothing, token ids outside the vocabulary, a

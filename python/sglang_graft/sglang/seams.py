@@ -137,6 +137,31 @@ VERIFY_GRAPH_EXECUTE = Seam("sglang.srt.model_executor.runner.decode_cuda_graph_
                             "execute", "count each verify budget's CUDA graph replays (/server_info)")
 DRAFT_EXTEND_GRAPH_EXECUTE = Seam(f"{_SW}.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner."
                                   "execute", "count each verify budget's draft-extend CUDA graph replays")
+TARGET_BACKEND_FACTORY = Seam("sglang.srt.model_executor.model_runner.ModelRunner._get_attention_backend",
+                              "build each budget's target attention backend on the start-up one's graph buffers "
+                              "(and its FlashInfer workspace)")
+DRAFT_DECODE_BACKEND_FACTORY = Seam(f"{_SW}.draft_utils.DraftBackendFactory.create_decode_backend",
+                                    "give budget states no draft-decode backend of their own (GRAFT drafts with "
+                                    "the start-up one)")
+DRAFT_EXTEND_BACKEND_FACTORY = Seam(f"{_SW}.draft_utils.DraftBackendFactory.create_draft_extend_backend",
+                                    "build each budget's draft-extend backend on the start-up one's graph buffers")
+DRAFT_DECODE_GRAPH_RUNNER = Seam(f"{_SW}.eagle_worker_v2.EAGLEDraftCudaGraphRunner",
+                                 "capture no draft-decode CUDA graph (the captured loop would hide the candidate "
+                                 "pool GRAFT prunes from; GRAFT drafts eagerly)")
+FLASHINFER_BACKEND = Seam("sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend",
+                          "alias a budget's FlashInfer graph buffers to the start-up backend's")
+# The graph buffers a budget's backend takes from the start-up backend of its role, by backend class (the
+# KV indices and KV splits through init_cuda_graph_state's own buffer arguments, these by attribute)
+TRITON_GRAPH_BUFFERS = ("cuda_graph_attn_logits", "cuda_graph_attn_lse", "_verify_mask")
+FLASHINFER_GRAPH_BUFFERS = ("cuda_graph_custom_mask",)
+TRITON_DRAFT_BACKEND = Seam("sglang.srt.layers.attention.triton_backend.TritonMultiStepDraftBackend",
+                            "build the eager draft's attention metadata in one static KV-index buffer")
+FLASHINFER_DRAFT_BACKEND = Seam("sglang.srt.layers.attention.flashinfer_backend.FlashInferMultiStepDraftBackend",
+                                "build the eager draft's attention metadata in one static KV-index buffer")
+DRAFT_KV_INDICES_WIDTH = Seam(f"{_SW}.spec_utils.draft_kv_indices_buffer_width",
+                              "size the eager draft's static KV-index buffer as SGLang sizes its graph's")
+# what the static-buffer metadata reads of a multi-step draft backend (SGLang's eager path, minus its buffer)
+DRAFT_BACKEND_INTERNALS = ("common_template", "attn_backends", "topk", "speculative_num_steps", "max_context_len")
 SPEC_RUNTIME_STATE = Seam(f"{_SW}.adaptive_runtime_state.SpecRuntimeState",
                           "hold one verify budget's attention backends and graphs")
 
@@ -211,6 +236,12 @@ SPEC_CONFIG = Seam("sglang.srt.runtime_context.get_spec", "tell whether this ser
 SCHEDULE_CONFIG = Seam("sglang.srt.runtime_context.get_schedule",
                        "tell whether the overlap scheduler runs (it sizes the KV reserve)")
 DEVICE_CONFIG = Seam("sglang.srt.runtime_context.get_device", "the resolved device GRAFT's engine is built on")
+EXEC_CONFIG = Seam("sglang.srt.runtime_context.get_exec", "read the largest decode CUDA-graph batch (it sizes the "
+                   "speculative graph buffers GRAFT plans)")
+PARALLEL_CONFIG = Seam("sglang.srt.runtime_context.get_parallel", "read the attention tensor-parallel size (heads "
+                       "per rank, for the memory plan)")
+KV_AVAILABLE_BYTES = Seam("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
+                          "take GRAFT's planned speculative buffers out of the KV pool before SGLang sizes it")
 HOOKS_APPLIED = Seam("sglang.srt.plugins.hook_registry.HookRegistry._patched",
                      "check that every GRAFT hook was applied")
 EAGLE_FORWARD = Seam(f"{_SW}.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
@@ -277,6 +308,24 @@ def swapped(seam: Seam, value: Any, *, required: bool = False) -> Iterator[Optio
         setattr(owner, seam.name, original)
     if required and calls is not None:
         calls.require()
+
+
+@contextlib.contextmanager
+def swapped_method(seam: Seam, fn: Callable) -> Iterator[None]:
+    """Rebind the method ``seam`` (a class attribute) to the function ``fn`` for the block; ``fn`` is
+    bound like the method it replaces (its first argument is the instance)."""
+    owner = seam.resolve_owner()
+    if not isinstance(owner, type):
+        raise seam.error("is not a method of a class")
+    original = owner.__dict__.get(seam.name)
+    setattr(owner, seam.name, fn)
+    try:
+        yield
+    finally:
+        if original is None:
+            delattr(owner, seam.name)
+        else:
+            setattr(owner, seam.name, original)
 
 
 @contextlib.contextmanager

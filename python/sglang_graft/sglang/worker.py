@@ -49,10 +49,11 @@ from sglang_graft.engine.outcome import HostOutcome, StepOutcome
 from sglang_graft.sglang import sampling, seams
 from sglang_graft.sglang.host_reads import cuda_syncs
 from sglang_graft.sglang.attention_kernels import COUNT_ENV, AttentionKernelCounter
-from sglang_graft.sglang.budget_states import BudgetStates
+from sglang_graft.sglang.budget_states import BudgetStates, server_memory_plan
 from sglang_graft.sglang.metrics import maybe_prometheus
 from sglang_graft.sglang.draft_worker import (
-    GraftContext, GraftDraftWorker, GraftVerifyInput, plain_verify_mask, verify_mask, verify_mask_mode,
+    GraftContext, GraftDraftWorker, GraftVerifyInput, MaskScratch, plain_verify_mask, verify_mask,
+    verify_mask_mode,
 )
 from sglang_graft.engine.draft_lag import DraftLag
 from sglang_graft.engine.retrieval_state import GraftRetrieval
@@ -105,6 +106,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self.cuda_syncs = cuda_syncs()  # SGLANG_GRAFT_SYNC_DEBUG=1: torch's sync warnings counted
         self.attention_kernels = AttentionKernelCounter() if os.environ.get(COUNT_ENV) == "1" else None
         self.budget_states = BudgetStates()
+        self.mask_scratch = MaskScratch(self.budgets[-1])  # FULL verify masks whose size the host does not know
         self.mask_modes: dict = {}  # verify steps per "target backend class:mask layout" (/server_info)
         self.prometheus = maybe_prometheus(server_args)
         self._verified: Optional[tuple[StepPlan, int]] = None  # this step's plan and batch size, once verified
@@ -208,10 +210,10 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 key = f"{type(backend).__name__}:{mode.name}"
                 self.mask_modes[key] = self.mask_modes.get(key, 0) + 1
                 if verify_input.plain is not None:  # one node: all visible, in either layout
-                    verify_input.custom_mask = plain_verify_mask(batch, backend, mode)
+                    verify_input.custom_mask = plain_verify_mask(batch, backend, mode, self.mask_scratch)
                 else:
                     verify_input.custom_mask = verify_mask(verify_input.graft_info.layout, batch, backend,
-                                                           self._draft_worker.tree_mask_mode)
+                                                           self._draft_worker.tree_mask_mode, self.mask_scratch)
         sampling_on_cpu = is_cpu() and not idle and not batch.sampling_info.is_all_greedy
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.stepper.timer.phase("verify"))
@@ -350,7 +352,8 @@ def server_counters() -> Optional[dict]:
     out = {**retrieval.counters.as_dict(), **retrieval.store_usage(),
            "economy": {**worker.stepper.as_dict(), "draft_lag": worker.lag.as_dict()},
            "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free,
-           "graph": _graph_stats(worker), "budget_states": worker.budget_states.as_dict()}
+           "graph": _graph_stats(worker), "budget_states": worker.budget_states.as_dict(),
+           "memory_plan": server_memory_plan()}
     if worker._draft_worker is not None:
         out["verify_masks"] = dict(worker.mask_modes)  # "<target backend>:<mask layout>": steps
     if worker.attention_kernels is not None:

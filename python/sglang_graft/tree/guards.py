@@ -146,9 +146,19 @@ def _blocking_copy_to_host(args: tuple, kwargs: dict) -> bool:
             and not non_blocking)
 
 
+def _upload(args: tuple, kwargs: dict) -> bool:
+    """``torch.tensor(data, device=d)`` / ``as_tensor`` / ``asarray`` of Python or numpy data with a
+    device given: a copy from pageable host memory, which on a GPU blocks the host until the stream
+    has taken it (a factory upload). Counted whatever ``d``, like :func:`_blocking_to_cpu`: on a CPU
+    machine the device is the CPU."""
+    data = args[0] if args else kwargs.get("data", kwargs.get("obj"))
+    return kwargs.get("device") is not None and not isinstance(data, torch.Tensor)
+
+
 # Operations that read the host only for some arguments.
 _READ_IF = {"__getitem__": _bool_index, "__setitem__": _bool_index, "where": _where_indices,
-            "repeat_interleave": _tensor_repeats, "to": _blocking_to_cpu, "copy_": _blocking_copy_to_host}
+            "repeat_interleave": _tensor_repeats, "to": _blocking_to_cpu, "copy_": _blocking_copy_to_host,
+            "tensor": _upload, "as_tensor": _upload, "asarray": _upload}
 
 
 def _sync_points() -> list:
@@ -170,6 +180,8 @@ class HostReadCounter(TorchFunctionMode):
       ``bincount``, ``repeat_interleave`` with tensor repeats and no ``output_size``;
     * a blocking copy to the host: ``.to("cpu")`` in any spelling (see :func:`_blocking_to_cpu`),
       ``dst.copy_(src)`` from another device into a CPU tensor (see :func:`_blocking_copy_to_host`);
+    * a factory upload: ``torch.tensor`` / ``as_tensor`` / ``asarray`` of host data with a
+      ``device=`` (see :func:`_upload`);
     * an explicit wait: ``torch.cuda`` / ``torch.cpu`` / ``torch.accelerator.synchronize()`` and
       ``synchronize()`` of a CUDA stream or event (wrapped while the counter is active).
 
