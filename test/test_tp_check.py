@@ -68,3 +68,20 @@ def test_checks_run_every_k_steps_and_never_when_off():
 def test_a_negative_interval_is_refused_naming_the_flag():
     with pytest.raises(ValueError, match="--speculative-graft-tp-check must be >= 0"):
         validate(GraftConfig(tp_check=-1), num_nodes=8, num_steps=3, topk=2)
+
+
+def test_unset_the_check_runs_every_64_steps_with_tensor_parallelism_and_never_on_one_rank():
+    import argparse
+
+    from sglang_graft.config import TP_CHECK_AUTO, add_cli_args, config_from_namespace
+
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    cfg = config_from_namespace(parser.parse_args([]))
+    assert cfg.tp_check is None and TP_CHECK_AUTO == 64
+    assert (cfg.resolved_tp_check(1), cfg.resolved_tp_check(2), cfg.resolved_tp_check(8)) == (0, 64, 64)
+    explicit = config_from_namespace(parser.parse_args(["--speculative-graft-tp-check", "0"]))
+    assert explicit.resolved_tp_check(8) == 0
+    assert config_from_namespace(parser.parse_args(["--speculative-graft-tp-check", "3"])).resolved_tp_check(1) == 3
+    validate(cfg, num_nodes=8, num_steps=3, topk=2)
+    assert "Default: every 64 steps with tensor parallelism, off on one rank." in " ".join(parser.format_help().split())

@@ -52,6 +52,8 @@ PLAIN_STEP_MODES = ("batched", "on", "off")
 # (the batch's most valuable nodes) and leaves the unused slots' rows out of the verify (on), or gives
 # every request the chosen budget (off); auto: on where a left-out row costs nothing (a CPU target).
 RAGGED_MODES = ("auto", "on", "off")
+# --speculative-graft-tp-check unset: every this many steps with tensor parallelism (0 on one rank)
+TP_CHECK_AUTO = 64
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class GraftConfig:
     budget_mode: str = "cost"  # cost: per-step budget, draft only what pays; fixed: N every step, every draft pass
     budgets: Tuple[int, ...] = ()  # verify budgets a step may choose; empty: see resolved_budgets
     skip_draft_tokens: float = 3.0  # retrieval alone expects this many accepted tokens: no draft passes
-    tp_check: int = 0  # every K steps compare a hash of the verify tree across TP ranks (0 = off)
+    tp_check: Optional[int] = None  # every K steps compare the verify tree across TP ranks (0: off; None: auto)
     sync_free: str = "auto"  # no host read in the decode step (see SYNC_FREE_MODES)
     # cost mode: where a step whose N = 1 pays best verifies its roots alone (PLAIN_STEP_MODES)
     plain_steps: str = "batched"
@@ -164,6 +166,16 @@ class GraftConfig:
             return torch.device(device).type == "cpu"
         return self.ragged == "on"
 
+    def resolved_tp_check(self, tp_size: int) -> int:
+        """Steps between cross-rank tree checks (0: none): as given, else every
+        :data:`TP_CHECK_AUTO` steps with tensor parallelism and never on one rank (nothing to
+        compare). A check is one host read and an all-reduce of two integers; every 64 steps it
+        bounds how long ranks whose trees drifted apart can write different KV before the server
+        stops, at a cost no step can feel (``benchmark/RESULTS.md`` has the measurement)."""
+        if self.tp_check is not None:
+            return self.tp_check
+        return TP_CHECK_AUTO if tp_size > 1 else 0
+
     def resolved_sync_free(self, device) -> bool:
         """Whether the decode step runs without host reads on ``device`` (``auto``: on CUDA, unless
         the placement or per-step metrics need host reads)."""
@@ -207,7 +219,8 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "skip_draft_tokens": dict(type=float, help="cost mode: a request whose retrieved tree alone is expected to "
                               "have this many tokens accepted needs no draft pass."),
     "tp_check": dict(type=int, help="Every K verify steps, all-reduce a hash of the tree over the tensor-parallel "
-                     "ranks and stop with an error if they differ (0 = off; each check is one host sync)."),
+                     "ranks and stop with an error if they differ (0 = off; each check is one host sync). "
+                     f"Default: every {TP_CHECK_AUTO} steps with tensor parallelism, off on one rank."),
     "sync_free": dict(choices=SYNC_FREE_MODES, help="on: the decode step reads no device value on the host "
                       "(retrieval, draft depth and budget decided from results two steps old, retrieved trees "
                       "re-rooted on the device along the newest committed path; responses carry no per-request "
@@ -299,7 +312,7 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
     if cfg.draft_lag < 0:
         raise ValueError(f"{flag_name('draft_lag')} must be >= 0 (0 = the draft extends after every plain step), "
                          f"got {cfg.draft_lag}")
-    if cfg.tp_check < 0:
+    if cfg.tp_check is not None and cfg.tp_check < 0:
         raise ValueError(f"{flag_name('tp_check')} must be >= 0 (0 = off), got {cfg.tp_check}")
     if cfg.skip_draft_tokens < 0:
         raise ValueError(f"{flag_name('skip_draft_tokens')} must be >= 0, got {cfg.skip_draft_tokens}")

@@ -89,8 +89,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self.stepper = GraftStepper(self.graft_cfg, self.retrieval, num_steps, topk,
                                     self.budgets, device, all_reduce_sum=_tp_all_reduce(), sync_free=self.sync_free,
                                     ragged=self.graft_cfg.resolved_ragged(device, self.sync_free))
-        self.tp_check = TreeHashCheck(self.graft_cfg.tp_check, _tp_all_reduce(torch.distributed.ReduceOp.MAX)
-                                      if self.graft_cfg.tp_check else None)
+        every = self.graft_cfg.resolved_tp_check(seams.TP_GROUP.resolve()().world_size)
+        self.tp_check = TreeHashCheck(every, _tp_all_reduce(torch.distributed.ReduceOp.MAX) if every else None)
         # plain steps defer the draft extend (none can be plain in sync-free mode: see GraftStepper.may_plain)
         self.lag = DraftLag(self.graft_cfg.draft_lag if self.stepper.may_plain else 0)
         context = GraftContext(self.graft_cfg, self.retrieval, self.stepper, self.tp_check, self.lag)
