@@ -64,3 +64,33 @@ def test_warm_up_compiles_what_a_request_calls(tmp_path):
     assert sum(served.values()) > 10  # the kernels were found and ran
     late = {name: (warm.get(name, 0), n) for name, n in served.items() if n != warm.get(name, 0)}
     assert not late, f"compiled only while serving (signatures after warm-up, after serving): {late}"
+
+
+def test_the_recycle_warm_up_writes_only_its_dump_row_and_serving_shapes_do_not_specialise(monkeypatch):
+    """The recycle source's warm-up runs one table update (on CUDA: compiles ``recycle_scatter``,
+    which the first verify step would otherwise wait for) into the dump row: no row a proposal reads
+    changes. The scatter and the mask kernel take the step's node count / batch size unspecialised
+    (Triton would compile a new variant for 1, multiples of 16 and the rest while serving)."""
+    import torch
+
+    from sglang_graft.config import GraftConfig
+    from sglang_graft.retrieval.recycle_source import RecycleSource
+    from sglang_graft.retrieval.source import SourceContext
+    import sglang_graft_kernels  # noqa: F401 (its modules, by name: the package re-exports functions of the same names)
+
+    recycle, tree_mask = (sys.modules[f"sglang_graft_kernels.{name}"] for name in ("recycle", "tree_mask"))
+
+    source = RecycleSource.from_config(GraftConfig(), SourceContext(vocab_size=50, num_nodes=16, device="cpu",
+                                                                    max_requests=8))
+    matrix = source.matrix
+    before = matrix.successors.clone()
+    calls = []
+    update = matrix.update
+    monkeypatch.setattr(matrix, "update", lambda *a, **k: calls.append((a, k)) or update(*a, **k))
+    source.warm_up()
+    assert len(calls) == 1 and not calls[0][1]["valid"].any()
+    changed = (matrix.successors != before).any(dim=1).nonzero().flatten().tolist()
+    dump_rows = {scope * matrix.rows_per_scope + matrix.vocab_size + 1 for scope in range(matrix.num_scopes)}
+    assert set(changed) <= dump_rows, changed
+    assert recycle._recycle_scatter_kernel.do_not_specialize == ["n"]
+    assert tree_mask._tree_mask_kernel.do_not_specialize == ["bs"]

@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# The node count is a bound only: not specialised (one compile serves every step's count).
+@triton.jit(do_not_specialize=["n"])
 def _recycle_scatter_kernel(
     rows_ptr, topk_ptr, table_ptr, n,
     K: tl.constexpr, BK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,

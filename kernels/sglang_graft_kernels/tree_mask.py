@@ -19,7 +19,9 @@ FULL = 0
 BITPACKED = 2
 
 
-@triton.jit
+# The batch size is a loop bound only: not specialised (Triton would compile a variant for bs 1, bs
+# divisible by 16 and the rest, the later ones in the middle of serving).
+@triton.jit(do_not_specialize=["bs"])
 def _tree_mask_kernel(
     bits_ptr, seq_lens_ptr, out_ptr, bs,
     N: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr,

@@ -73,6 +73,14 @@ class RecycleSource(RetrievalSource):
         self.scopes.release(rid, forget=self.scope_mode == "request")
 
     # -- proposals -------------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        """One update into the dump row (no row a proposal reads changes): on CUDA it compiles the
+        ``recycle_scatter`` kernel now, not in the first verify step."""
+        device = self.matrix.successors.device
+        node = torch.zeros(1, dtype=torch.int64, device=device)
+        self.matrix.update(node, torch.zeros((1, self.matrix.k), dtype=torch.int64, device=device),
+                           valid=torch.zeros(1, dtype=torch.bool, device=device))
+
     def width(self) -> int:
         return len(self.matrix.template().parents)
 
