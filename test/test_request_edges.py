@@ -368,20 +368,19 @@ def test_context_edge_through_the_draft_extend_graph_path(tiny_models, server_lo
     """SGLang's draft-extend CUDA graph copies the batch's positions and replays without
     ``ModelRunner.forward``, whose hook clamps every forward's positions to the context. A CPU has
     no such graph: ``draft_extend_graph_standin.py`` takes its path eagerly (the draft model run
-    from the prepared batch, no ``ModelRunner.forward``). At GRAFT's default shape with 16 nodes
-    every step, a draft extend near the end of the context writes 16 positions past the committed
-    length: every one ran below the context (2048), and the answers are no speculation's."""
+    from the prepared batch, no ``ModelRunner.forward``). With 8 nodes every step, a draft extend
+    near the end of the context writes 8 positions past the committed length: every one ran below
+    the context (2048), and the answers are no speculation's."""
     record = tmp_path / "draft_extend_positions.txt"
     args = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
-            "--max-running-requests", "16", "--speculative-graft-budget-mode", "fixed",
-            "--speculative-graft-plain-steps", "off"]
+            *GRAFT_ARGS, "--speculative-graft-budget-mode", "fixed"]
     launcher = [str(Path(__file__).with_name("draft_extend_graph_standin.py")), str(record)]
     with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "request-edges-extend-graph.log",
                       launcher=launcher) as srv:
         _check_edge("graft, draft-extend graph path", plain_edge_answers, *_edge_answers(srv))
         replays = _graft_state(srv)["budget_states"]["replays"]["draft_extend"]
     positions = [int(line) for line in record.read_text().split()]
-    assert len(positions) == replays["16"] > 100, (len(positions), replays)
+    assert len(positions) == replays["8"] > 100, (len(positions), replays)
     assert max(positions) == 2047, max(positions)  # the context's last position, reached and not passed
 
 
