@@ -22,6 +22,8 @@ pytestmark = pytest.mark.server
 
 NEW_TOKENS = 64
 PROMPTS = REPETITIVE[:3] + OTHER[:5]  # one at a time: the first three and the last; then all eight at once
+FINISH_GAP = 4  # the i-th request of the eight asks NEW_TOKENS - FINISH_GAP * i: they leave the batch at
+# different steps, so the batch changes however the scheduler happens to admit them
 COUNT_READS = {"SGLANG_GRAFT_COUNT_HOST_READS": "1"}
 DRAFT_SHAPE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8"]
 PARTS = ("steady", "changed")  # decode steps on the previous call's requests / after requests joined or left
@@ -36,8 +38,8 @@ def _ids(model_dir) -> list[list[int]]:
 
 
 def _serve_load(tiny_models, server_logs, algorithm: str, name: str, *extra) -> tuple[list, dict, float]:
-    """The load, greedy, ``NEW_TOKENS`` each: four requests one at a time, then all eight at once.
-    Returns the outputs, the scheduler's ``/server_info`` state and the seconds it all took."""
+    """The load, greedy: four requests one at a time (``NEW_TOKENS`` each), then all eight at once
+    (``NEW_TOKENS - FINISH_GAP * i``: a request leaving changes the batch). Returns the outputs, the scheduler's ``/server_info`` state and the seconds it all took."""
     t0 = time.monotonic()
     ids = _ids(tiny_models["llama"])
     args = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path",
@@ -46,7 +48,8 @@ def _serve_load(tiny_models, server_logs, algorithm: str, name: str, *extra) -> 
                       env=COUNT_READS) as srv:
         singles = [srv.generate_ids(ids[i], NEW_TOKENS)["output_ids"] for i in (0, 1, 2, len(ids) - 1)]
         with cf.ThreadPoolExecutor(len(ids)) as pool:
-            batch = [f.result()["output_ids"] for f in [pool.submit(srv.generate_ids, p, NEW_TOKENS) for p in ids]]
+            futures = [pool.submit(srv.generate_ids, p, NEW_TOKENS - FINISH_GAP * i) for i, p in enumerate(ids)]
+            batch = [f.result()["output_ids"] for f in futures]
         state = requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]
     return singles + batch, state, time.monotonic() - t0
 
@@ -57,7 +60,8 @@ def _per_step(reads: dict, part: str, kind: str) -> Fraction:
 
 def _summary(reads: dict) -> str:
     return ", ".join(f"{part} ({reads[f'{part}_steps']} steps): " + " ".join(
-        f"{kind} {float(_per_step(reads, part, kind)):.3f}" for kind in (*KINDS, "graft")) for part in PARTS)
+        f"{kind} {float(_per_step(reads, part, kind)):.3f}" if reads[f"{part}_steps"] else f"{kind} -"
+        for kind in (*KINDS, "graft")) for part in PARTS)
 
 
 @pytest.fixture(scope="module")
