@@ -390,3 +390,19 @@ def test_positions_past_the_context_are_clamped_in_place(monkeypatch):
     other = torch.tensor([2050])
     hooks._positions_inside_the_context(runner, SimpleNamespace(positions=other))
     assert other.tolist() == [2050]
+
+
+def test_the_warm_up_compiles_the_pool_depths_a_step_can_have():
+    """Cost-aware steps stop drafting at any depth, so the warm-up compiles every pool size; the fixed
+    budget drafts every level (``keep_drafting`` always runs the pass), so one pool size serves it."""
+    from sglang_graft.engine.retrieval_state import GraftRetrieval
+    from sglang_graft.engine.step import GraftStepper
+    from sglang_graft.tree.pipeline import warm_up_depths
+
+    assert warm_up_depths(6, overrides=True) == (1, 2, 3, 4, 5, 6)
+    assert warm_up_depths(6, overrides=False) == (6,)
+    cfg = gc.GraftConfig(budget_mode="fixed")
+    fixed = GraftStepper(cfg, GraftRetrieval(cfg, 50, 8, 3, "cpu"), 3, 2, (8,), "cpu")
+    assert not fixed.cost_aware
+    plan = SimpleNamespace(passes=0)
+    assert all(fixed.keep_drafting(plan, None) for _ in range(3)) and plan.passes == 3

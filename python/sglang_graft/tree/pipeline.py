@@ -130,18 +130,26 @@ def _fused_step(kernels, pool: DraftPool, root_tokens, proposals: RetrievalPropo
     return GraftStep(pruned=pruned, proposals=proposals, tree=tree, layout=layout)
 
 
+def warm_up_depths(num_steps: int, overrides: bool) -> tuple[int, ...]:
+    """The draft depths a step's pool can have: any up to ``num_steps`` where a cost-aware step
+    (``overrides``) drafts while a level pays; only ``num_steps`` with the fixed budget, which drafts
+    every level every step."""
+    return tuple(range(1, num_steps + 1)) if overrides else (num_steps,)
+
+
 def warm_up_graft_kernels(device, topk: int, num_steps: int, proposal_width: int,
                           configs: dict[int, PruneConfig], overrides: bool, mask_mode: Optional[int] = None) -> int:
     """Compile the tree kernels for every shape a server's steps can take, before serving.
 
     Triton specialises a kernel on its ``constexpr`` shapes: the pool size (one per draft depth a
-    step may stop at), the budget ``N`` (``configs``: budget -> its prune config) and the cost-aware
-    overrides (``overrides``: ``num_keep`` / ``depth_limit`` given), and the verify mask's
-    encoding (``mask_mode``, a ``TreeMaskMode``). Compiling them here keeps a
+    step may stop at: :func:`warm_up_depths`), the budget ``N`` (``configs``: budget -> its prune
+    config) and the cost-aware overrides (``overrides``: ``num_keep`` / ``depth_limit`` given), and
+    the verify mask's encoding (``mask_mode``, a ``TreeMaskMode``). Compiling them here keeps a
     compile (about a second each) out of the first steps that need them. No-op where the torch
     references run; returns the number of shapes run.
 
-    Example: topk 4, 6 steps, budgets 1 / 2 / 4 / 8 / 16 -> 6 pool sizes x 5 budgets = 30 shapes.
+    Example: topk 4, 6 steps, budgets 1 / 2 / 4 / 8 / 12 / 16 (cost-aware) -> 6 pool sizes x 6 budgets
+    = 36 shapes; the fixed budget of 16 -> 1.
     """
     from .draft import draft_depths
     from .types import draft_pool_size
@@ -156,7 +164,7 @@ def warm_up_graft_kernels(device, topk: int, num_steps: int, proposal_width: int
         parents=torch.full((1, proposal_width), -1, dtype=torch.int64, device=device),
         priority=torch.zeros((1, proposal_width), dtype=torch.float32, device=device),
         valid=torch.zeros((1, proposal_width), dtype=torch.bool, device=device))
-    for depth in range(1, num_steps + 1):
+    for depth in warm_up_depths(num_steps, overrides):
         m = draft_pool_size(topk, depth)
         pool = DraftPool(tokens=torch.zeros((1, m), dtype=torch.int64, device=device),
                          parents=torch.full((1, m), -1, dtype=torch.int64, device=device),
@@ -166,7 +174,7 @@ def warm_up_graft_kernels(device, topk: int, num_steps: int, proposal_width: int
             keep = torch.zeros(1, dtype=torch.int64, device=device) if overrides else None
             step = build_graft_tree(pool, root, proposals, seq_lens, n, config, num_keep=keep,
                                     depth_limit=keep if overrides else None)
-            if mask_mode is not None and depth == 1 and not (int(mask_mode) == 2 and n > 32):
+            if mask_mode is not None and depth == num_steps and not (int(mask_mode) == 2 and n > 32):
                 mask = encode_tree_mask(step.layout.ancestor_mask, mask_mode, seq_lens, 1)
                 write_tree_mask(step.layout, seq_lens, mask_mode, torch.empty_like(mask))
             shapes += 1
