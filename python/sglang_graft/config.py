@@ -274,11 +274,52 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 def config_from_namespace(args: argparse.Namespace) -> GraftConfig:
     """The :class:`GraftConfig` of parsed CLI arguments (tuples for list flags)."""
-    values = {}
-    for f in dataclasses.fields(GraftConfig):
-        v = getattr(args, "graft_" + f.name, getattr(GraftConfig(), f.name))
-        values[f.name] = tuple(v) if isinstance(v, list) else v
-    return GraftConfig(**values)
+    return config_from_dict({f.name: getattr(args, "graft_" + f.name, getattr(GraftConfig(), f.name))
+                             for f in dataclasses.fields(GraftConfig)})
+
+
+def config_from_dict(values: dict[str, Any]) -> GraftConfig:
+    """A :class:`GraftConfig` from field values (lists become tuples), e.g. ``dataclasses.asdict``'s."""
+    return GraftConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+KWARG_PREFIX = "speculative_graft_"  # sgl.Engine(speculative_graft_source="sam", ...)
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage and exit the Python program
+        raise ValueError(message)
+
+
+def config_from_kwargs(kwargs: dict[str, Any]) -> GraftConfig:
+    """The :class:`GraftConfig` of ``sgl.Engine`` keyword arguments, parsed as the CLI parses the
+    flags of the same names (types, choices, lists): ``speculative_graft_budgets=[1, 4, 16]`` is
+    ``--speculative-graft-budgets 1 4 16``; a bool flag takes ``True`` / ``False``; ``None`` is the
+    default. An unknown ``speculative_graft_*`` name raises ``TypeError``, a bad value
+    ``ValueError``, each naming the keyword."""
+    parser = _RaisingParser(add_help=False)
+    add_cli_args(parser)
+    argv: list[str] = []
+    for key, value in kwargs.items():
+        name = key[len(KWARG_PREFIX):] if key.startswith(KWARG_PREFIX) else None
+        if name not in _FLAGS:
+            raise TypeError(f"unexpected keyword argument {key!r}; GRAFT's are "
+                            + ", ".join(KWARG_PREFIX + n for n in _FLAGS))
+        if value is None:
+            continue
+        flag = flag_name(name)
+        if _FLAGS[name].get("action") is argparse.BooleanOptionalAction:
+            if not isinstance(value, bool):
+                raise ValueError(f"{key}={value!r}: expected True or False")
+            tokens = [flag if value else "--no-" + flag[2:]]
+        else:
+            tokens = [flag, *map(str, value if isinstance(value, (list, tuple)) else [value])]
+        try:
+            parser.parse_args(tokens)  # alone: the error names this keyword
+        except ValueError as e:
+            raise ValueError(f"{key}={value!r}: {e}") from None
+        argv += tokens
+    return config_from_namespace(parser.parse_args(argv))
 
 
 def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> None:

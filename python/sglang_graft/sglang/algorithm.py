@@ -16,6 +16,7 @@ import os
 
 from sglang_graft import config as graft_config
 from sglang_graft.sglang import seams
+from sglang_graft.sglang.launch_config import config_of, set_config
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +33,6 @@ DEFAULT_CUDA_BACKEND = "triton"
 INTERPRETED_BACKEND = "triton"
 TRITON_INTERPRET_ENV = "TRITON_INTERPRET"
 
-# The CLI's GraftConfig, parsed in the launcher before the server args are resolved.
-_cli_config: graft_config.GraftConfig | None = None
 
 CustomSpecAlgo = seams.CUSTOM_SPEC_ALGO.resolve()
 
@@ -84,7 +83,10 @@ class GraftAlgorithm(CustomSpecAlgo):
             sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens,
             DEFAULT_DRAFT_SHAPE)
         sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens = steps, topk, n
-        graft_config.validate(_cli_config or graft_config.GraftConfig(), num_nodes=n, num_steps=steps, topk=topk)
+        cfg = config_of(sa)
+        graft_config.validate(cfg, num_nodes=n, num_steps=steps, topk=topk)
+        setattr(sa, seams.GRAFT_CONFIG_ATTR, cfg)  # the record carries it within this process,
+        set_config(cfg)  # the environment to the processes this one starts
         check_server_args(sa)
 
 
@@ -200,26 +202,14 @@ def _add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs):
 
 def _remember_cli_config(*args, **kwargs):
     """BEFORE ``ServerArgs.from_cli_args``: parse our flags before resolution reads them."""
-    global _cli_config
     ns = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, argparse.Namespace)), None)
     if ns is not None and hasattr(ns, "graft_source"):
-        _cli_config = graft_config.config_from_namespace(ns)
+        set_config(graft_config.config_from_namespace(ns))
     return None
 
 
-def _attach_cli_config(result, *args, **kwargs):
-    """AFTER ``ServerArgs.from_cli_args``: the config rides on the record to every process."""
-    if _cli_config is not None and result is not None:
-        setattr(result, seams.GRAFT_CONFIG_ATTR, _cli_config)
-    return result
-
-
-def cli_config() -> graft_config.GraftConfig:
-    """The GRAFT config parsed from this process's command line (defaults without one)."""
-    return _cli_config or graft_config.GraftConfig()
 
 
 def register_hooks() -> None:
     seams.register_hook(seams.ADD_CLI_ARGS, _add_cli_args, "AFTER")
     seams.register_hook(seams.FROM_CLI_ARGS, _remember_cli_config, "BEFORE")
-    seams.register_hook(seams.FROM_CLI_ARGS, _attach_cli_config, "AFTER")

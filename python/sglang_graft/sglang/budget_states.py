@@ -239,12 +239,12 @@ def server_memory_plan() -> Optional[dict]:
 def memory_shape(server_args, model_config, device: str, graph_max_bs: int, tp_size: int) -> Optional[SpecMemoryShape]:
     """The :class:`~memory_plan.SpecMemoryShape` of a GRAFT server, or None where its attention
     backend has no formulas (intel_amx on a CPU: no graph buffers, no static draft buffer)."""
-    from sglang_graft.config import GraftConfig
+    from sglang_graft.sglang.launch_config import config_of
 
     backend = server_args.attention_backend
     if backend not in BACKENDS:
         return None
-    cfg = getattr(server_args, seams.GRAFT_CONFIG_ATTR, None) or GraftConfig()
+    cfg = config_of(server_args)
     num_nodes = server_args.speculative_num_draft_tokens
     heads = max(1, model_config.get_max_num_attention_heads() // tp_size)
     draft_heads = _draft_heads(server_args.speculative_draft_model_path, tp_size) or heads

@@ -179,9 +179,9 @@ def aggregate_steps(steps: dict) -> dict:
 
 
 def _per_step_metrics(tokenizer_manager) -> bool:
-    from sglang_graft.sglang.algorithm import cli_config
+    from sglang_graft.sglang.launch_config import config_of
 
-    cfg = getattr(getattr(tokenizer_manager, "server_args", None), seams.GRAFT_CONFIG_ATTR, None) or cli_config()
+    cfg = config_of(getattr(tokenizer_manager, "server_args", None))
     return cfg.per_step_metrics
 
 

@@ -168,7 +168,10 @@ SPEC_RUNTIME_STATE = Seam(f"{_SW}.adaptive_runtime_state.SpecRuntimeState",
 # -- hooks (HookRegistry) ---------------------------------------------------------------------------
 ADD_CLI_ARGS = Seam("sglang.srt.server_args.ServerArgs.add_cli_args", "add the --speculative-graft-* flags")
 FROM_CLI_ARGS = Seam("sglang.srt.server_args.ServerArgs.from_cli_args",
-                     "carry the parsed GRAFT flags on the server-args record")
+                     "parse the GRAFT flags before the server args are resolved")
+ENGINE_SERVER_ARGS = Seam("sglang.srt.entrypoints.engine.Engine.server_args_class",
+                          "take GRAFT's options as sgl.Engine keyword arguments (SGLang's extension point "
+                          "for an Engine's server-args type)")
 GEMMA3_CAPTURE = Seam("sglang.srt.models.gemma3_causal.Gemma3ForCausalLM.set_eagle3_layers_to_capture",
                       "feed an EAGLE-3 head the residual stream of a Gemma-3 target (SGLang 0.5.23 captures a branch "
                       "on a CPU and a normed input on CUDA; see target_capture)")
@@ -264,7 +267,7 @@ FORWARD_MODE = Seam("sglang.srt.model_executor.forward_batch_info.ForwardMode", 
 DRAFT_WORKER_OVERRIDES = ("draft", "_capture_cuda_graphs", "_draft_extend_for_decode", "_rebuild_topk1_chain_buffers")
 
 # -- attributes -------------------------------------------------------------------------------------
-GRAFT_CONFIG_ATTR = "_graft_config"  # GRAFT's config on the ServerArgs record (pickled to schedulers)
+GRAFT_CONFIG_ATTR = "_graft_config"  # GRAFT's config on the ServerArgs record, within a process (launch_config.py)
 RAW_INPUT = Seam("sglang.srt.server_args.ServerArgs._raw_input",
                  "tell a user-chosen --attention-backend from one SGLang picked", static=False)
 DRAFT_RUNNER_FORWARD = "draft_runner.forward"  # wrapped per call on a chain draft (draft probabilities)

@@ -37,6 +37,7 @@ SGLang's apart (``host_reads`` in ``/server_info``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -47,6 +48,7 @@ import torch
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.outcome import HostOutcome, StepOutcome
 from sglang_graft.sglang import sampling, seams
+from sglang_graft.sglang.launch_config import config_of
 from sglang_graft.sglang.host_reads import cuda_syncs
 from sglang_graft.sglang.attention_kernels import COUNT_ENV, AttentionKernelCounter
 from sglang_graft.sglang.budget_states import BudgetStates, server_memory_plan
@@ -76,7 +78,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         seams.check_hooks_applied()
         # the engine first, from the resolved draft shape SGLang's worker reads too (a flag left unset
         # is None on server_args): the draft worker is given the engine at construction
-        self.graft_cfg: GraftConfig = getattr(server_args, seams.GRAFT_CONFIG_ATTR, None) or GraftConfig()
+        self.graft_cfg: GraftConfig = config_of(server_args)
         spec = seams.SPEC_CONFIG.resolve()()
         num_nodes, num_steps, topk = spec.speculative_num_draft_tokens, spec.speculative_num_steps, spec.speculative_eagle_topk
         device = seams.DEVICE_CONFIG.resolve()().device
@@ -353,7 +355,7 @@ def server_counters() -> Optional[dict]:
            "economy": {**worker.stepper.as_dict(), "draft_lag": worker.lag.as_dict()},
            "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free,
            "graph": _graph_stats(worker), "budget_states": worker.budget_states.as_dict(),
-           "memory_plan": server_memory_plan()}
+           "memory_plan": server_memory_plan(), "config": dataclasses.asdict(worker.graft_cfg)}
     if worker._draft_worker is not None:
         out["verify_masks"] = dict(worker.mask_modes)  # "<target backend>:<mask layout>": steps
     if worker.attention_kernels is not None:
