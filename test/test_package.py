@@ -18,7 +18,35 @@ def test_import_without_sglang_says_how_to_install():
     assert proc.returncode != 0
     err = proc.stderr.strip().splitlines()[-1]
     assert err.startswith("ImportError: sglang-graft needs SGLang 0.5.23")
-    assert "pip install sglang-graft" in err and "scripts/install_cpu.sh" in err
+    assert "pip install --no-deps ." in err and "scripts/install_cpu.sh" in err
+    assert "pip install sglang-graft" not in err  # not published
+
+
+PTH = ROOT / "python" / "sglang_cpu_port" / "sglang_graft_cpu.pth"  # what install_cpu.sh puts in site-packages
+
+
+def _start_with_pth(tmp_path, line: str, package_path: str = "") -> subprocess.CompletedProcess:
+    """A Python start (no site-packages) whose site dir holds the CPU profile's .pth (``line``);
+    sglang_cpu_port is importable only through ``package_path`` (empty: as after ``pip uninstall
+    sglang-graft``). The hook stays inert (``SGLANG_GRAFT_CPU=0``): what is checked is the line."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir(exist_ok=True)
+    (site_dir / "sglang_graft_cpu.pth").write_text(line)
+    code = (f"import sys; sys.path[:0] = [p for p in [{package_path!r}] if p]; import site; "
+            f"site.addsitedir({str(site_dir)!r}); print('boot' if 'sglang_cpu_port.boot' in sys.modules else 'none')")
+    env = {"PATH": "/usr/bin:/bin", "SGLANG_GRAFT_CPU": "0"}
+    return subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_the_cpu_profile_pth_is_silent_after_uninstall(tmp_path):
+    gone = _start_with_pth(tmp_path, PTH.read_text())
+    assert (gone.returncode, gone.stdout.strip(), gone.stderr) == (0, "none", "")  # no traceback
+    installed = _start_with_pth(tmp_path, PTH.read_text(), str(ROOT / "python"))
+    assert (installed.returncode, installed.stdout.strip()) == (0, "boot"), installed.stderr
+    # the line the profile wrote before: a traceback on every Python start once the package is gone
+    old = _start_with_pth(tmp_path, "import sglang_cpu_port.boot\n")
+    assert "ModuleNotFoundError" in old.stderr
+    assert (ROOT / "scripts" / "install_cpu.sh").read_text().count("sglang_cpu_port/sglang_graft_cpu.pth") == 1
 
 
 def test_plugin_entry_point_is_registered():
@@ -30,3 +58,11 @@ def test_no_sglang_source_is_copied_into_the_repo():
     for path in list((ROOT / "python").rglob("*.py")) + list((ROOT / "kernels").rglob("*")):
         if path.is_file():
             assert "SGLang Team" not in path.read_text(errors="ignore"), path
+
+
+def test_a_python_start_in_the_cpu_profile_imports_no_torch():
+    """The CPU profile's hook runs at every interpreter start (pip, scripts, each SGLang process):
+    it defers torch (about 4 s to import on 2 cores) to the first import that needs it."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; print('sglang_cpu_port.boot' in sys.modules, "
+                           "'torch' in sys.modules)"], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split()[1:] == ["False"], proc.stdout + proc.stderr

@@ -17,8 +17,6 @@ import multiprocessing
 import os
 from pathlib import Path
 
-import torch
-
 logger = logging.getLogger(__name__)
 
 _STANDIN_DIR = Path(__file__).resolve().parent / "sgl_kernel_standin"
@@ -44,6 +42,8 @@ def _lm_head_small_batch(original, processor, hidden_states, lm_head, embedding_
     from :func:`linear.rows_linear`, the batch-invariant small-row kernel, where SGLang would take
     its plain ``h @ W^T`` branch (against a large vocabulary MKL's GEMM for 2 or more rows costs 1.5-4x
     its one-row product; the README's CPU section has the measurement)."""
+    import torch
+
     from sglang_graft.sglang import seams
 
     from sglang_cpu_port import linear

@@ -14,7 +14,8 @@ __version__ = "0.1.0"
 if _util.find_spec("sglang") is None and _os.environ.get("SGLANG_GRAFT_STANDALONE") != "1":
     raise ImportError(
         "sglang-graft needs SGLang 0.5.23, which is not installed. "
-        "GPU: `pip install sglang-graft` (pulls sglang==0.5.23 with its CUDA pins). "
+        "GPU: install SGLang 0.5.23 (`pip install sglang==0.5.23`), then sglang-graft from its source tree "
+        "with `pip install --no-deps .` and check with `python scripts/check_install.py --gpu`. "
         "CPU: `bash scripts/install_cpu.sh` from the sglang-graft source tree. "
         "To use only sglang_graft.retrieval / sglang_graft.tree without SGLang, "
         "set SGLANG_GRAFT_STANDALONE=1."
