@@ -16,7 +16,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 SLOW_FILES = ("test_gpu_serve_check.py", "test_spec_bench.py", "test_graft_server.py", "test_graft_reliability.py", "test_moe_tp.py",
               "test_triton_backend.py", "test_graft_tp.py", "test_cpu_serving.py", "test_request_edges.py",
               "test_host_reads_served.py", "test_install_check.py", "test_kernels.py", "test_quiet_start.py",
-              "test_gemma3_sliding.py", "test_gpu_bundle.py", "test_cuda_standin.py")
+              "test_gemma3_sliding.py", "test_gpu_bundle.py", "test_cuda_standin.py", "test_engine_api.py",
+              "test_docs_commands.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -370,9 +370,18 @@ def test_graft_concurrency_abort_and_sampling(tiny_models, server_logs, referenc
         assert graft["sampling_verify_steps"] > 0
         # the same counts on Prometheus
         metrics = requests.get(srv.url + "/metrics", timeout=30).text
-        steps = [float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("sglang:graft_verify_steps_total")]
-        assert steps and int(sum(steps)) == graft["verify_steps"], metrics[-2000:]
-        assert "sglang:graft_accepted_tokens_total" in metrics and "sglang:graft_pruning_stage_total" in metrics
+
+        def total(name: str) -> int:
+            values = [float(l.split()[-1]) for l in metrics.splitlines() if l.startswith(name + "{")]
+            assert values, (name, metrics[-2000:])
+            return int(sum(values))
+
+        assert total("sglang:graft_verify_steps_total") == graft["verify_steps"]
+        accepted = total("sglang:graft_accepted_tokens_total")
+        assert accepted == graft["accepted_draft_tokens"] + graft["accepted_retrieved_tokens"]
+        assert total("sglang:graft_proposed_tokens_total") > accepted > 0  # an acceptance rate can be derived
+        assert total("sglang:graft_pruning_stage_total") == graft["verify_steps"]
+        assert 'model_name="' in metrics.split("sglang:graft_verify_steps_total{")[1].split("}")[0]  # SGLang's labels
 
 
 BAD_FLAGS = [

@@ -47,13 +47,18 @@ def test_graft_tp2_token_exact_with_the_tree_check(tiny_models, server_logs, mon
     ids, ref = tp2_reference
     graft = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
              "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
-             "--speculative-graft-tp-check", "1", "--speculative-graft-sync-free", sync_free, *TP2]
+             "--speculative-graft-tp-check", "1", "--speculative-graft-sync-free", sync_free, "--enable-metrics", *TP2]
     with SGLangServer(tiny_models["llama"], graft, log_path=server_logs / f"tp2-graft-{sync_free}.log",
                       env=pinned_env(tmp_path / "pinned")) as srv:
         outs = _concurrently(srv, ids)
         info = requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["graft"]
+        metrics = requests.get(srv.url + "/metrics", timeout=30).text
         log = srv.tail(10 ** 8)
     assert outs == ref
+    # GRAFT's counters once per server, on SGLang's logging rank and with its labels (not once per rank)
+    series = [line for line in metrics.splitlines() if line.startswith("sglang:graft_verify_steps_total{")]
+    assert len(series) == 1 and 'tp_rank="0"' in series[0] and "model_name=" in series[0], series
+    assert int(float(series[0].split()[-1])) == info["verify_steps"]
     assert info["sync_free"] is (sync_free == "on")
     steps = info["economy"]["steps"] - info["economy"]["plain_steps"]  # plain steps have no tree
     assert steps > 0 and info["tp_checks"] == steps  # every tree compared across both ranks

@@ -242,7 +242,11 @@ DEVICE_CONFIG = Seam("sglang.srt.runtime_context.get_device", "the resolved devi
 EXEC_CONFIG = Seam("sglang.srt.runtime_context.get_exec", "read the largest decode CUDA-graph batch (it sizes the "
                    "speculative graph buffers GRAFT plans)")
 PARALLEL_CONFIG = Seam("sglang.srt.runtime_context.get_parallel", "read the attention tensor-parallel size (heads "
-                       "per rank, for the memory plan)")
+                       "per rank, for the memory plan) and the ranks that label GRAFT's metrics")
+OBSERVABILITY_CONFIG = Seam("sglang.srt.runtime_context.get_observability",
+                            "export GRAFT's Prometheus counters where SGLang's scheduler exports its own")
+DISAGGREGATION_MODE = Seam("sglang.srt.disaggregation.utils.DisaggregationMode",
+                           "label GRAFT's metrics with SGLang's engine type")
 KV_AVAILABLE_BYTES = Seam("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
                           "take GRAFT's planned speculative buffers out of the KV pool before SGLang sizes it")
 HOOKS_APPLIED = Seam("sglang.srt.plugins.hook_registry.HookRegistry._patched",

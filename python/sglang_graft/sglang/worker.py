@@ -183,7 +183,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         stages, retrieved, drafted = (x.tolist() for x in (outcome.stage, outcome.retrieved, outcome.drafted))
         self.retrieval.counters.add_steps(stages, retrieved, drafted)
         if self.prometheus is not None:
-            self.prometheus.record(sum(drafted), sum(retrieved), stages)
+            self.prometheus.record(sum(drafted), sum(retrieved), int(outcome.proposed.sum()), stages)
 
     def _forward_prefill_batch(self, batch, *args, **kwargs):
         idle = batch.forward_mode.is_idle()
