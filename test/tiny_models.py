@@ -206,7 +206,9 @@ def build_all(out: Path) -> dict[str, Path]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python test/tiny_models.py OUT_DIR")
-    for name, p in build_all(Path(sys.argv[1])).items():
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Build the tiny random test models (offline) into OUT_DIR.")
+    ap.add_argument("out_dir", type=Path)
+    for name, p in build_all(ap.parse_args().out_dir).items():
         print(f"{name}: {p}")
