@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 import sysconfig
 from pathlib import Path
 
