@@ -222,7 +222,11 @@ def run_interleaved(names: list[str], table: dict[str, Method], model: Path, dra
             srv = stack.enter_context(SGLangServer(model, server_args(table[name], draft, dtype),
                                                    log_path=log_dir / f"{name}.log"))
             lanes[name] = Lane(srv, prompts[0][2])
-        for i, (category, _, ids) in enumerate(prompts):
+        print(f"[spec_bench] {len(names)} servers up; {len(prompts)} prompts x {len(names)} methods", flush=True)
+        from tqdm import tqdm
+
+        for i, (category, _, ids) in enumerate(tqdm(prompts, desc="[spec_bench] prompts", unit="prompt",
+                                                     mininterval=10, file=sys.stdout)):
             for name in names[i % len(names):] + names[: i % len(names)]:
                 lanes[name].serve(category, ids, max_new, temperature)
         return {name: lane.result() for name, lane in lanes.items()}

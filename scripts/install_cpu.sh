@@ -18,17 +18,20 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 TORCH=torch==2.13.0+cpu
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 if ! "$VENV/bin/python" -c 'import torch, sys; sys.exit(torch.__version__ != "2.13.0+cpu")' 2>/dev/null; then
-  echo "installing $TORCH (about 200 MB)"
+  echo "[install_cpu] $TORCH (about 200 MB)"
   if ! pip install -c requirements/cpu-constraints.txt "$TORCH" 2>/dev/null; then
-    echo "$TORCH is not in pip's configured sources; trying $TORCH_CPU_INDEX (set TORCH_CPU_INDEX to change it)"
+    echo "[install_cpu] $TORCH is not in pip's configured sources; trying $TORCH_CPU_INDEX (set TORCH_CPU_INDEX to change it)"
     pip install -c requirements/cpu-constraints.txt --extra-index-url "$TORCH_CPU_INDEX" "$TORCH"
   fi
 fi
 "$VENV/bin/python" -c 'import torch, sys; sys.exit(0 if "+cpu" in torch.__version__ else "torch is not a CPU build: " + torch.__version__)'
 # 2. SGLang itself without its dependency pins, 3. its runtime requirements minus CUDA-only ones.
+echo "[install_cpu] SGLang 0.5.23 (without its CUDA pins)"
 pip install --no-deps sglang==0.5.23
+echo "[install_cpu] SGLang's runtime requirements without the CUDA-only ones (requirements/cpu.txt; minutes the first time)"
 pip install -c requirements/cpu-constraints.txt -r requirements/cpu.txt
 # 4. sglang-graft, editable, without re-resolving SGLang's CUDA pins.
+echo "[install_cpu] sglang-graft (editable) and its CPU profile hook"
 pip install --no-deps --no-build-isolation -e .
 # 5. The interpreter-start hook of the CPU profile (see python/sglang_cpu_port/boot.py); a no-op
 #    once sglang-graft is uninstalled (pip leaves this file behind).
