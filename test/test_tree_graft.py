@@ -17,6 +17,7 @@ from sglang_graft.tree import (
     draft_pool_from_sglang,
     encode_tree_mask,
     flatten,
+    linked_prefix,
     graft,
     new_retrieved_values,
 )
@@ -92,6 +93,9 @@ def check_tree(pool, proposals, step, seq_lens, n, placement, pad):
         for i in range(nd + nr + 1, n):  # padding
             assert tok[i] == pad and par[i] == 0 and not lk[i] and not fr[i] and nxt[b][i] == -1
         assert lk == [fd[i] or fr[i] for i in range(n)]
+        # ... so the verified slots are a prefix (what a verify of each request's leading rows needs)
+        lengths, is_prefix = linked_prefix((tree.linked | (torch.arange(n, device=tree.linked.device) == 0))[b:b + 1])
+        assert bool(is_prefix[0]) and int(lengths[0]) == 1 + nd + nr
         # Draft nodes are the kept pool nodes in pool order, with their own parents.
         kept = torch.nonzero(pruned.keep[b].cpu()).flatten().tolist()
         assert T(tree.draft_index[b])[1 : nd + 1] == kept
@@ -279,3 +283,24 @@ def test_flatten_defaults_and_non_topological_numbering():
     assert layout.first_child.tolist() == [[2, 4, -1, 1, -1]]
     assert layout.next_sibling.tolist() == [[-1, -1, 3, -1, -1]]
     assert layout.max_depth.tolist() == [3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.lists(st.booleans(), min_size=1, max_size=12), min_size=1, max_size=6).filter(
+    lambda rs: len({len(r) for r in rs}) == 1))
+def test_linked_prefix_flags_exactly_the_trees_that_are_not_a_prefix(rows):
+    verified = torch.tensor(rows)
+    lengths, is_prefix = linked_prefix(verified)
+    for row, length, ok in zip(rows, lengths.tolist(), is_prefix.tolist()):
+        assert length == sum(row)
+        assert ok == (row == [True] * sum(row) + [False] * (len(row) - sum(row)))
+
+
+def test_a_ragged_step_whose_tree_is_not_a_prefix_verifies_every_row():
+    from sglang_graft.engine.plans import StepStats
+    from sglang_graft.sglang.draft_worker import ragged_rows
+
+    stats = StepStats()
+    assert ragged_rows(torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool), stats) == [3, 2]
+    assert ragged_rows(torch.tensor([[1, 1, 1, 0], [1, 0, 1, 0]], dtype=torch.bool), stats) is None
+    assert stats.not_prefix_steps == 1 and stats.as_dict()["not_prefix_steps"] == 1

@@ -29,7 +29,7 @@ from sglang_graft.engine.step import GraftStepper
 from sglang_graft.engine.tp_check import TreeHashCheck
 from sglang_graft.kernels import device_kernels
 from sglang_graft.tree import (
-    DraftPool, TreeMaskMode, encode_tree_mask, from_host,
+    DraftPool, TreeMaskMode, encode_tree_mask, from_host, linked_prefix,
     write_tree_mask,
 )
 from sglang_graft.tree.flatten import full_tree_mask
@@ -91,6 +91,22 @@ class GraftVerifyInput(EagleVerifyInput):
     @property
     def tree_topk(self) -> int:
         return -1
+
+
+def ragged_rows(verified: torch.Tensor, stats) -> Optional[list[int]]:
+    """A ragged step's rows per request (``active_rows``): the leading slots each tree verifies, or
+    None (every row computed) where a tree's verified slots are not a prefix, which the CPU port's
+    row compaction needs (it would verify the wrong rows and emit token 0). One host read for both,
+    the read a ragged step already makes; a violation is counted (``economy.not_prefix_steps``) and
+    logged, and the step stays lossless."""
+    lengths, is_prefix = linked_prefix(verified)
+    host = torch.stack([lengths, is_prefix.to(lengths.dtype)]).tolist()
+    if all(host[1]):
+        return host[0]
+    stats.not_prefix_steps += 1
+    logger.error("GRAFT: a tree's verified slots are not a prefix of its slots (requests %s of the batch); "
+                 "this step verifies every row", [b for b, ok in enumerate(host[1]) if not ok])
+    return None
 
 
 def verify_mask_mode(backend, default) -> TreeMaskMode:
@@ -382,8 +398,8 @@ class GraftDraftWorker(EagleDraftWorker):
                                  levels_used=stepper.levels_used(pool, step), expected=plan.expected_rows)
             active_rows = None
             if plan.rows is not None:  # a ragged step: the rows its trees use (the rest are padding)
-                active_rows = info.verified_nodes.sum(dim=1).tolist()
-                plan.rows = sum(active_rows)
+                active_rows = ragged_rows(info.verified_nodes, stepper.stats)
+                plan.rows = sum(active_rows) if active_rows is not None else None
         return GraftVerifyInput(
             draft_token=layout.draft_token,
             custom_mask=None,  # written by verify, for the attention backend of this step's budget

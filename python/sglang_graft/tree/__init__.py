@@ -26,6 +26,7 @@ from .flatten import (
     encode_tree_mask,
     flatten,
     flatten_torch,
+    linked_prefix,
     tree_layout_from_mask,
     write_tree_mask,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "graft",
     "flatten",
     "flatten_torch",
+    "linked_prefix",
     "ancestor_bits",
     "write_tree_mask",
     "encode_tree_mask",

@@ -32,6 +32,22 @@ __all__ = [
 ]
 
 
+def linked_prefix(verified: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per request, how many leading slots its tree verifies, and whether those are all it verifies.
+
+    ``verified``: ``[bs, N] bool``, the root and the linked nodes. The tree builder lays each tree out as
+    root, draft nodes, new retrieved nodes, padding, so the verified slots are a prefix; a verify that
+    computes only the leading rows of each request (the CPU port's ragged rows) relies on it.
+    Returns ``(lengths [bs] int64, is_prefix [bs] bool)``, on the device, no host read.
+
+    Example: ``[[1, 1, 1, 0], [1, 0, 1, 0]]`` gives lengths ``[3, 2]`` and is_prefix ``[True, False]``
+    (the second request verifies slot 2 but not slot 1: its leading 2 rows are not its verified rows).
+    """
+    lengths = verified.sum(dim=1)
+    slots = torch.arange(verified.shape[1], device=verified.device)
+    return lengths, (verified == (slots < lengths[:, None])).all(dim=1)
+
+
 def links_from_parents(parents: torch.Tensor, linked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """SGLang's first-child / next-sibling links, child lists in ascending node index.
 
