@@ -55,6 +55,7 @@ from sglang_graft.tree import (  # noqa: E402
     warm_up_graft_kernels,
     write_tree_mask,
 )
+from sglang_graft.tree.pipeline import warm_up_depths  # noqa: E402
 from tree_bench import capture, make_pool, make_proposals, timed, to_device  # noqa: E402
 
 LAYOUT_FIELDS = ("positions", "depth", "ancestor_mask", "flat_index", "first_child",
@@ -318,7 +319,8 @@ def check_dispatch(gen: torch.Generator, tally: "Tally") -> None:
     for topk, overrides, mode in ((2, True, 0), (1, False, 2), (4, True, 1)):
         with forced():
             shapes = warm_up_graft_kernels("cpu", topk, 3, 5, configs, overrides, mask_mode=mode)
-        tally.check(f"warm-up topk={topk} mask={mode}", shapes == 3 * len(configs), f"{shapes} shapes")
+        want = len(warm_up_depths(3, overrides)) * len(configs)  # the fixed budget (no overrides): one depth
+        tally.check(f"warm-up topk={topk} mask={mode}", shapes == want, f"{shapes} shapes, {want} expected")
     for name, rm, rows, topk in recycle_cases(8, 200, "cpu", gen):
         tokens = torch.randint(0, rm.vocab_size, (rows.shape[0],), generator=gen)
         want = rm.successors.clone()

@@ -86,9 +86,6 @@ class StepStats:
     # steps leave the padding rows past each request's share out)
     verify_rows: int = 0
     verify_slots: int = 0
-    # ragged steps whose trees did not verify a prefix of their slots: computed in full instead
-    # (the builder lays trees out as a prefix; a count above 0 is a bug, logged where it happens)
-    not_prefix_steps: int = 0
     # cost-aware steps whose outcome is known: tokens the chosen budget expected, tokens committed
     checked_steps: int = 0
     expected_tokens: float = 0.0
@@ -123,7 +120,6 @@ class StepStats:
                 "guarded_steps": self.guarded_steps,
                 "budget_histogram": {str(k): v for k, v in sorted(self.budget_histogram.items())},
                 "verify_rows": self.verify_rows, "verify_slots": self.verify_slots,
-                "not_prefix_steps": self.not_prefix_steps,
                 "expected_vs_committed": {"steps": n, "expected_per_step": self.expected_tokens / n if n else 0.0,
                                           "committed_per_step": self.committed_tokens / n if n else 0.0},
                 "step_time_by_kind": self._kinds()}

@@ -93,17 +93,16 @@ class GraftVerifyInput(EagleVerifyInput):
         return -1
 
 
-def ragged_rows(verified: torch.Tensor, stats) -> Optional[list[int]]:
+def ragged_rows(verified: torch.Tensor) -> Optional[list[int]]:
     """A ragged step's rows per request (``active_rows``): the leading slots each tree verifies, or
     None (every row computed) where a tree's verified slots are not a prefix, which the CPU port's
     row compaction needs (it would verify the wrong rows and emit token 0). One host read for both,
-    the read a ragged step already makes; a violation is counted (``economy.not_prefix_steps``) and
-    logged, and the step stays lossless."""
+    the read a ragged step already makes; a violation is logged (and counted by the caller,
+    ``not_prefix_steps`` in ``/server_info``), and the step stays lossless."""
     lengths, is_prefix = linked_prefix(verified)
     host = torch.stack([lengths, is_prefix.to(lengths.dtype)]).tolist()
     if all(host[1]):
         return host[0]
-    stats.not_prefix_steps += 1
     logger.error("GRAFT: a tree's verified slots are not a prefix of its slots (requests %s of the batch); "
                  "this step verifies every row", [b for b, ok in enumerate(host[1]) if not ok])
     return None
@@ -209,6 +208,7 @@ class GraftDraftWorker(EagleDraftWorker):
 
     def __init__(self, *args, context: GraftContext, **kwargs):
         self.context = context
+        self.not_prefix_steps = 0  # ragged steps verified in full: a tree's verified slots were not a prefix
         self.runner: DraftRunner = EagerDraftRunner()
         self._start_state = None  # the draft state (EagleDraftInput) the current step started from
         self._check_catch_up = os.environ.get(CHECK_CATCH_UP_ENV) == "1"
@@ -398,7 +398,8 @@ class GraftDraftWorker(EagleDraftWorker):
                                  levels_used=stepper.levels_used(pool, step), expected=plan.expected_rows)
             active_rows = None
             if plan.rows is not None:  # a ragged step: the rows its trees use (the rest are padding)
-                active_rows = ragged_rows(info.verified_nodes, stepper.stats)
+                active_rows = ragged_rows(info.verified_nodes)
+                self.not_prefix_steps += active_rows is None
                 plan.rows = sum(active_rows) if active_rows is not None else None
         return GraftVerifyInput(
             draft_token=layout.draft_token,

@@ -358,6 +358,7 @@ def server_counters() -> Optional[dict]:
            "memory_plan": server_memory_plan(), "config": dataclasses.asdict(worker.graft_cfg)}
     if worker._draft_worker is not None:
         out["verify_masks"] = dict(worker.mask_modes)  # "<target backend>:<mask layout>": steps
+        out["not_prefix_steps"] = worker._draft_worker.not_prefix_steps
     if worker.attention_kernels is not None:
         out["attention_kernels"] = worker.attention_kernels.as_dict()
         out["attention_kernel_s"] = worker.attention_kernels.seconds_dict()
