@@ -1,19 +1,23 @@
-"""Throughput under load: ``python -m sglang.bench_serving`` against real servers, fully offline.
+"""Throughput under load: ``python -m sglang.benchmark.serving`` against real servers, fully offline.
 
 Builds a ``custom`` dataset (JSONL of conversations) from the benchmark prompts of
 ``prompt_sets.py`` (``--split report`` by default, every category; or ``--prompts``), starts one
 server per method on 127.0.0.1 (SmolLM2-135M-Instruct in float32 by default), and runs SGLang's own
 load generator at each concurrency. Output lengths are ``fixed`` (every request generates exactly
 ``--output-len`` tokens, EOS ignored) or ``variable`` (``--output-len-mode variable``: each request
-ends at the model's end of text, at most ``--output-len`` tokens; bench_serving's random output
+ends at the model's end of text, at most ``--output-len`` tokens; sglang.benchmark.serving's random output
 lengths exist only for its random-token datasets). Writes JSON, Markdown and a PNG of output
-throughput per method and concurrency, and the ratio to no speculation.
+throughput per method and concurrency, and the ratio to no speculation. ``--steady-state RATIO`` runs
+SGLang's steady-state entry point instead (``python -m sglang.benchmark.steady_state_serving``): each
+level also reports the output throughput over the longest stretch with at least ``RATIO`` x the
+peak concurrency in flight (ramp-up and drain left out), and its ratio to no speculation's.
 
     python benchmark/serving_bench.py                      # none, EAGLE3-adaptive, GRAFT at 1 / 8 / 16 / 32
     python benchmark/serving_bench.py --output-len-mode variable
     python benchmark/serving_bench.py --interleave          # methods take turns at each level
     python benchmark/serving_bench.py --concurrency 1 4 --prompts-per-level 8 16 --methods none,GRAFT --output-len 64
     python benchmark/serving_bench.py --variant 'GRAFT-plain=GRAFT --speculative-graft-plain-steps on'
+    python benchmark/serving_bench.py --steady-state 0.8    # also the steady-state throughput per level
 
 Requests per level: several waves of the concurrency (by default 64 / 96 / 105 at 8 / 16 / 32). With
 fixed output lengths the requests of a server without speculation finish in lockstep, a wave at a
@@ -30,7 +34,7 @@ variant's economy is its own server's (measured draft passes, budgets and step t
 
 The same load by hand, against a server you started (the command this script runs)::
 
-    python -m sglang.bench_serving --backend sglang --base-url http://127.0.0.1:30000 \\
+    python -m sglang.benchmark.serving --backend sglang --base-url http://127.0.0.1:30000 \\
         --dataset-name custom --dataset-path benchmark/out/serving/prompts.jsonl --apply-chat-template \\
         --num-prompts 32 --sharegpt-output-len 128 --max-concurrency 16 --request-rate inf --seed 1
 """
@@ -74,7 +78,7 @@ METHODS = {
 
 
 def write_dataset(path: Path, per_category: int, split: str = "report", prompts: Path | None = None) -> int:
-    """The benchmark prompts as bench_serving's ``custom`` JSONL; returns the number of rows."""
+    """The benchmark prompts as sglang.benchmark.serving's ``custom`` JSONL; returns the number of rows."""
     if prompts is not None:
         per_cat: dict[str, list[str]] = {}
         for c, p in prompt_sets.load_jsonl(prompts):
@@ -90,26 +94,44 @@ def write_dataset(path: Path, per_category: int, split: str = "report", prompts:
 
 
 def chat_flags(model: Path) -> list[str]:
-    """bench_serving's ``--apply-chat-template`` where ``model``'s tokenizer has a chat template."""
+    """sglang.benchmark.serving's ``--apply-chat-template`` where ``model``'s tokenizer has a chat template."""
     config = json.loads((Path(model) / "tokenizer_config.json").read_text())
     return ["--apply-chat-template"] if config.get("chat_template") or (Path(model) / "chat_template.jinja").exists() else []
 
 
 def run_load(url: str, model: Path, dataset: Path, concurrency: int, num_prompts: int, output_len: int,
-             out_file: Path, natural_eos: bool = False) -> dict:
+             out_file: Path, natural_eos: bool = False, steady_ratio: float | None = None) -> dict:
     """One level of load; ``natural_eos``: requests end at EOS (at most ``output_len`` tokens). Prompts
-    go through the model's chat template where it has one (a base model gets the plain text)."""
-    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
+    go through the model's chat template where it has one (a base model gets the plain text).
+    ``steady_ratio``: SGLang's steady-state entry point, its metrics under ``"steady"``."""
+    module = "sglang.benchmark.steady_state_serving" if steady_ratio else "sglang.benchmark.serving"
+    cmd = [sys.executable, "-m", module, "--backend", "sglang", "--base-url", url,
            "--tokenizer", str(model), "--dataset-name", "custom", "--dataset-path", str(dataset),
            *chat_flags(model), "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1",
            "--output-file", str(out_file), "--disable-tqdm"] + (["--disable-ignore-eos"] if natural_eos else [])
+    steady_file = out_file.with_suffix(".steady.jsonl") if steady_ratio else None
+    if steady_ratio:
+        cmd += ["--steady-state-concurrency-ratio", str(steady_ratio), "--steady-state-output-file", str(steady_file)]
+    for f in (out_file, steady_file):
+        if f is not None and f.exists():
+            f.unlink()  # SGLang appends to them
     env = {**os.environ, **SERVER_ENV}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if proc.returncode != 0:
-        raise RuntimeError(f"bench_serving failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
-    line = out_file.read_text().strip().splitlines()[-1]
-    return json.loads(line)
+        raise RuntimeError(f"{module} failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
+    return read_result(out_file, steady_file)
+
+
+def read_result(out_file: Path, steady_file: Path | None = None) -> dict:
+    """The run's result (SGLang writes one JSON line per run), with the steady-state entry point's
+    metrics (its own file) under ``"steady"``."""
+    result = json.loads(out_file.read_text().strip().splitlines()[-1])
+    if steady_file is None:
+        return result
+    if not steady_file.exists() or not steady_file.read_text().strip():
+        raise RuntimeError(f"{steady_file}: no steady-state result for the run")
+    return {**result, "steady": json.loads(steady_file.read_text().strip().splitlines()[-1])}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -141,6 +163,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--interleave", action="store_true",
                     help="all servers up at once; at each concurrency the methods take turns (order rotated per "
                          "level), so drift of the machine's speed is shared (default: one server after another)")
+    ap.add_argument("--steady-state", type=float, default=None, metavar="RATIO",
+                    help="also measure the steady state (SGLang's steady_state_serving): output throughput over the "
+                    "longest stretch with at least RATIO x the peak concurrency in flight, e.g. 0.8")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE ARGS",
                     help="another method: BASE's server flags with ARGS added (repeatable)")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "serving")
@@ -182,8 +207,10 @@ def measure_level(name: str, srv, args: argparse.Namespace, dataset: Path, conc:
                   economy: dict) -> dict:
     """One concurrency level on a running server: its result row; GRAFT's economy into ``economy``."""
     r = run_load(srv.url, args.model, dataset, conc, n, args.output_len, args.out / f"{name}-c{conc}.jsonl",
-                 args.output_len_mode == "variable")
-    print(f"[serving_bench] {name} c={conc}: {r['output_throughput']:.1f} output tok/s", flush=True)
+                 args.output_len_mode == "variable", args.steady_state)
+    steady = r.get("steady")
+    print(f"[serving_bench] {name} c={conc}: {r['output_throughput']:.1f} output tok/s"
+          + (f", steady state {steady['output_throughput']:.1f}" if steady else ""), flush=True)
     graft = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0].get("graft")
     if graft:
         economy[f"{name} c={conc}"] = graft["economy"]
@@ -193,7 +220,9 @@ def measure_level(name: str, srv, args: argparse.Namespace, dataset: Path, conc:
             "output_throughput": r["output_throughput"],
             "request_throughput": r.get("request_throughput"),
             "median_itl_ms": r.get("median_itl_ms"), "median_ttft_ms": r.get("median_ttft_ms"),
-            "accept_length": r.get("accept_length")}
+            "accept_length": r.get("accept_length"),
+            "steady_output_throughput": steady["output_throughput"] if steady else None,
+            "steady_s": steady["duration"] if steady else None}
 
 
 def measure(names: list[str], args: argparse.Namespace, dataset: Path) -> tuple[list[dict], dict]:
@@ -229,14 +258,17 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     dataset = args.out / "prompts.jsonl"
     n_rows = write_dataset(dataset, args.prompts_per_category, args.split, args.prompts)
-    if max(args.prompts_per_level) > n_rows:  # bench_serving would cap it silently
+    if max(args.prompts_per_level) > n_rows:  # SGLang's load generator would cap it silently
         print(f"[serving_bench] the dataset has {n_rows} prompts: --prompts-per-level capped to {n_rows}")
         args.prompts_per_level = [min(n, n_rows) for n in args.prompts_per_level]
     t_start = time.time()
     results, economy = measure(args.names, args, dataset)
     base = {r["concurrency"]: r["output_throughput"] for r in results if r["method"] == "none"}
+    steady_base = {r["concurrency"]: r["steady_output_throughput"] for r in results if r["method"] == "none"}
     for r in results:
         r["vs_none"] = r["output_throughput"] / base[r["concurrency"]] if r["concurrency"] in base else None
+        sb = steady_base.get(r["concurrency"])
+        r["steady_vs_none"] = r["steady_output_throughput"] / sb if sb and r["steady_output_throughput"] else None
     report = {"results": results, "economy": economy, "dataset_rows": n_rows, "output_len": args.output_len,
               "output_len_mode": args.output_len_mode, "interleave": args.interleave,
               "split": None if args.prompts else args.split, "max_total_tokens": args.max_total_tokens or 8192,
@@ -249,17 +281,25 @@ def main() -> None:
 
 
 def render(results: list[dict]) -> str:
+    out = _table(results, "output_throughput", "vs_none", "tok/s")
+    if any(r.get("steady_output_throughput") for r in results):
+        out += "\nSteady state (ramp-up and drain left out):\n\n" + _table(
+            results, "steady_output_throughput", "steady_vs_none", "steady tok/s")
+    return out
+
+
+def _table(results: list[dict], value: str, ratio: str, unit: str) -> str:
     levels = sorted({r["concurrency"] for r in results})
     names = list(dict.fromkeys(r["method"] for r in results))
     by = {(r["method"], r["concurrency"]): r for r in results}
-    lines = ["| method | " + " | ".join(f"c={c} tok/s (vs none)" for c in levels) + " |",
+    lines = ["| method | " + " | ".join(f"c={c} {unit} (vs none)" for c in levels) + " |",
              "|---|" + "---|" * len(levels)]
     for n in names:
         cells = []
         for c in levels:
             r = by.get((n, c))
-            cells.append("-" if r is None else f"{r['output_throughput']:.1f} ({r['vs_none']:.2f}x)"
-                         if r["vs_none"] is not None else f"{r['output_throughput']:.1f}")
+            cells.append("-" if r is None or r.get(value) is None else f"{r[value]:.1f} ({r[ratio]:.2f}x)"
+                         if r.get(ratio) is not None else f"{r[value]:.1f}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

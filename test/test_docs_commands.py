@@ -124,3 +124,17 @@ def test_the_readme_engine_keywords_exist():
         kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
         assert {k for k in kwargs if not k.startswith(KWARG_PREFIX)} <= fields
         config_from_kwargs({k: v for k, v in kwargs.items() if k.startswith(KWARG_PREFIX)})
+
+
+def test_the_flag_groups_of_the_help_are_the_tables_of_the_flags_doc():
+    from sglang_graft.config import _FLAGS, FLAG_GROUPS
+
+    names = [n for group in FLAG_GROUPS.values() for n in group]
+    assert sorted(names) == sorted(_FLAGS)  # every flag in exactly one group
+    doc = (ROOT / "docs" / "flags.md").read_text()
+    for title, group in FLAG_GROUPS.items():
+        section = doc.split(f"## {title[0].upper()}{title[1:]}\n", 1)
+        assert len(section) == 2, f"docs/flags.md has no section '{title}'"
+        table = section[1].split("\n## ", 1)[0]
+        listed = re.findall(r"^\| `([a-z-]+)`(?:, `([a-z-]+)`)? \|", table, flags=re.M)
+        assert sorted(x.replace("-", "_") for pair in listed for x in pair if x) == sorted(group), title

@@ -281,3 +281,25 @@ def test_interleaved_methods_take_turns_on_every_prompt(monkeypatch, tmp_path):
     assert cells["code"].tokens == 12 and cells["code"].verify_steps == 4 and cells["math"].tokens == 6
     assert cells["code"].outputs == [[10, 5], [11, 5]]
     assert runs["none"][0]["code"].verify_steps == 12  # no spec_verify_ct: one step per token
+
+
+def test_serving_bench_reads_the_run_and_its_steady_state(tmp_path):
+    """``--steady-state``: SGLang's steady-state entry point writes its metrics to their own file."""
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import serving_bench
+
+    run = {"output_throughput": 50.0, "mean_ttft_ms": 10.0}
+    steady = {"concurrency_ratio": 0.8, "output_throughput": 61.5, "duration": 40.0}
+    out, steady_out = tmp_path / "level.jsonl", tmp_path / "level.steady.jsonl"
+    out.write_text(json.dumps(run) + "\n")
+    steady_out.write_text(json.dumps(steady) + "\n")
+    assert serving_bench.read_result(out, steady_out) == {**run, "steady": steady}
+    assert serving_bench.read_result(out) == run
+    steady_out.write_text("")
+    with pytest.raises(RuntimeError, match="no steady-state result"):
+        serving_bench.read_result(out, steady_out)
+    rows = [{"method": m, "concurrency": 8, "output_throughput": t, "vs_none": t / 40, "steady_output_throughput": s,
+             "steady_vs_none": s / 50} for m, t, s in (("none", 40.0, 50.0), ("GRAFT", 44.0, 60.0))]
+    md = serving_bench.render(rows)
+    assert "44.0 (1.10x)" in md and "Steady state" in md and "60.0 (1.20x)" in md
+    assert serving_bench.parse_args(["--steady-state", "0.8"]).steady_state == 0.8

@@ -260,16 +260,31 @@ def flag_name(name: str) -> str:
     return "--speculative-graft-" + name.replace("_", "-")
 
 
+# The flags by who needs them (the --help groups and docs/flags.md's tables, checked by a test).
+FLAG_GROUPS: dict[str, tuple[str, ...]] = {
+    "production: the flags that matter on a GPU": ("source", "budget_mode", "budgets", "sync_free", "tp_check",
+                                                   "recycle_scope", "context_cap", "store_memory_mb", "graph"),
+    "algorithm tuning (defaults chosen on the tune split)": (
+        "checkpoint_depths", "thresholds", "keep_fractions", "min_retrieval_slots", "placement",
+        "retrieval_max_depth", "sam_min_match", "recycle_k", "recycle_widths", "auto_match_threshold",
+        "skip_draft_tokens"),
+    "steps a CPU takes (off with sync-free steps, so off on CUDA by default)": ("plain_steps", "ragged", "draft_lag"),
+    "testing and diagnostics": ("per_step_metrics",),
+}
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """Add the ``--speculative-graft-*`` flags (defaults from :class:`GraftConfig`)."""
+    """Add the ``--speculative-graft-*`` flags (defaults from :class:`GraftConfig`), in the help
+    under one group per :data:`FLAG_GROUPS` entry."""
     defaults = GraftConfig()
-    group = parser.add_argument_group("GRAFT speculative decoding (sglang-graft)")
-    for name, spec in _FLAGS.items():
-        default = getattr(defaults, name)
-        extra = {k: v for k, v in spec.items() if k != "help"}
-        group.add_argument(flag_name(name), dest="graft_" + name, default=default,
-                           help=spec["help"] if "Default:" in spec["help"] else spec["help"] + f" Default: {default}.",
-                           **extra)
+    for title, names in FLAG_GROUPS.items():
+        group = parser.add_argument_group(f"GRAFT speculative decoding, {title}")
+        for name in names:
+            spec, default = _FLAGS[name], getattr(defaults, name)
+            extra = {k: v for k, v in spec.items() if k != "help"}
+            group.add_argument(flag_name(name), dest="graft_" + name, default=default,
+                               help=spec["help"] if "Default:" in spec["help"] else spec["help"] + f" Default: {default}.",
+                               **extra)
 
 
 def config_from_namespace(args: argparse.Namespace) -> GraftConfig:
