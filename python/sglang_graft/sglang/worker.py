@@ -48,6 +48,7 @@ import torch
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.outcome import HostOutcome, StepOutcome
 from sglang_graft.sglang import sampling, seams
+from sglang_graft.sglang.penalties import NodePenalties, plain_tree
 from sglang_graft.sglang.launch_config import config_of
 from sglang_graft.sglang.host_reads import cuda_syncs
 from sglang_graft.sglang.attention_kernels import COUNT_ENV, AttentionKernelCounter
@@ -111,6 +112,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self.mask_scratch = MaskScratch(self.budgets[-1])  # FULL verify masks whose size the host does not know
         self.mask_modes: dict = {}  # verify steps per "target backend class:mask layout" (/server_info)
         self.prometheus = maybe_prometheus(server_args)
+        self.penalties = NodePenalties()  # each tree node penalised as a plain decode would
         self._verified: Optional[tuple[StepPlan, int]] = None  # this step's plan and batch size, once verified
         _WORKERS.append(self)
         logger.info("GRAFT worker: N=%d steps=%d topk=%d budgets=%s sync-free=%s ragged=%s %s",
@@ -165,8 +167,12 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 return super().forward_batch_generation(batch, *args, **kwargs)
             self.stepper.timer.begin()
             self._verified = None
+            self._returned_hidden = None
             try:
-                return super().forward_batch_generation(batch, *args, **kwargs)
+                result = super().forward_batch_generation(batch, *args, **kwargs)
+                if self._returned_hidden is not None:  # after the draft extend read the aux states
+                    result.logits_output.hidden_states = self._returned_hidden
+                return result
             finally:
                 plan, bs = self._verified or (None, 0)
                 self.stepper.end_step(plan, bs)
@@ -192,6 +198,11 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 self.retrieval.admit(req.rid, seams.request_tokens(req), seams.request_tenant(req))
                 self.lag.forget(req.rid)  # the draft prefill makes its state current
         result = super()._forward_prefill_batch(batch, *args, **kwargs)
+        if not idle and _returns_hidden_states(batch) and _final_hidden_states(result.logits_output) is not None:
+            result.logits_output.hidden_states = _final_hidden_states(result.logits_output)  # the draft has read the aux
+        if not idle:
+            tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
+            self.penalties.record(batch, tokens, torch.ones_like(tokens[:, 0]))
         if self.sync_free and not idle:
             # the sampled token is each request's first pending path (the root of its first step)
             tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
@@ -219,6 +230,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
         sampling_on_cpu = is_cpu() and not idle and not batch.sampling_info.is_all_greedy
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.stepper.timer.phase("verify"))
+            if not idle:
+                stack.enter_context(self.penalties.around_verify(batch, *self._penalty_tree(batch, verify_input)))
             if sampling_on_cpu:
                 # SGLang verifies greedily on CPU whatever the request asks; GRAFT does not.
                 stack.enter_context(seams.swapped(seams.VERIFY_IS_CPU, False))
@@ -240,13 +253,26 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 finalize_tree_path=True,
                 grammar_barrier=grammar_barrier,
             )
+        if not idle and _returns_hidden_states(batch) and _final_hidden_states(result.logits_output) is not None:
+            self._returned_hidden = seams.COMPACT_ACCEPTED.resolve()(
+                _final_hidden_states(result.logits_output), result.accept_index, len(batch.reqs),
+                num_draft_tokens=verify_input.draft_token_num)
         if not idle and verify_input.plain is not None:
-            self._commit_plain(verify_input.plain, result)
+            self._commit_plain(batch, verify_input.plain, result)
         elif not idle:
             self._feed(batch, verify_input, result, "greedy" if batch.sampling_info.is_all_greedy else "sampling")
         return result
 
-    def _commit_plain(self, plain: PlainPlan, result) -> None:
+    @staticmethod
+    def _penalty_tree(batch, vi: GraftVerifyInput):
+        """The verify tree as the per-node penalties read it: tokens ``[bs, N]``, ancestor mask
+        ``[bs, N, N]``, depth ``[bs, N]``."""
+        if vi.plain is not None:
+            return plain_tree(vi.draft_token)
+        layout = vi.graft_info.layout
+        return vi.draft_token.view(len(batch.reqs), vi.draft_token_num), layout.ancestor_mask, layout.depth
+
+    def _commit_plain(self, batch, plain: PlainPlan, result) -> None:
         """A plain step's one committed token per request -> stores (never sync-free: see
         ``GraftStepper.plain_plan``)."""
         rids = plain.rids
@@ -254,6 +280,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self._verified = (plain, len(rids))
         self.retrieval.counters.plain_request_steps += len(rids)
         tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
+        self.penalties.record(batch, tokens, torch.ones_like(tokens[:, 0]))
         self.retrieval.commit(rids, tokens.tolist())  # one device-to-host copy for the batch
         lo = result.logits_output
         lo.customized_info = {**(lo.customized_info or {}), "graft_plain": [1] * len(rids)}
@@ -280,6 +307,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         linked = info.verified_nodes.clone()
         linked[:, 0] = False
         self.stepper.feedback(info.node_bins, linked, accepted_nodes)
+        self.penalties.record(batch, result.next_token_ids.view(bs, n), accept_lens)
         plan = info.plan
         self._verified = (plan, bs)
         self.retrieval.counters.sampling_verify_steps += verify_mode == "sampling"
@@ -307,6 +335,27 @@ class GraftWorkerV2(EAGLEWorkerV2):
             "graft_verify": [verify_mode] * bs,
         })
         lo.customized_info = info_out
+
+
+def _returns_hidden_states(batch) -> bool:
+    return any(req.return_hidden_states for req in batch.reqs)
+
+
+def _final_hidden_states(logits_output):
+    """What a plain server returns for ``return_hidden_states``: the target's final hidden state per
+    row (SGLang keeps it as ``last_hidden_states`` while ``hidden_states`` carries the EAGLE-3
+    head's three captured layers, ``3 x hidden`` wide, which SGLang 0.5.23 returns instead). None,
+    logged once, where the target keeps none (``LogitsProcessor.keep_last_hidden_states``, set where
+    aux hidden states are captured: every EAGLE-3 target)."""
+    final = logits_output.last_hidden_states
+    if final is None and not _NO_FINAL_HIDDEN:
+        _NO_FINAL_HIDDEN.append(True)
+        logger.error("GRAFT: the target keeps no final hidden states; return_hidden_states returns SGLang's "
+                     "EAGLE-3 capture (3 x hidden wide) instead")
+    return final
+
+
+_NO_FINAL_HIDDEN: list = []
 
 
 def _tp_all_reduce(op=None):
@@ -354,6 +403,7 @@ def server_counters() -> Optional[dict]:
     out = {**retrieval.counters.as_dict(), **retrieval.store_usage(),
            "economy": {**worker.stepper.as_dict(), "draft_lag": worker.lag.as_dict()},
            "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free,
+           "penalised_steps": worker.penalties.penalised_steps,
            "graph": _graph_stats(worker), "budget_states": worker.budget_states.as_dict(),
            "memory_plan": server_memory_plan(), "config": dataclasses.asdict(worker.graft_cfg)}
     if worker._draft_worker is not None:
