@@ -141,8 +141,9 @@ def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_l
 def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs, reference, tmp_path):
     """``--speculative-graft-sync-free on`` (CUDA's default) served on a CPU: token-exact alone and
     under concurrency (requests joining and leaving every few steps), sampling completes, retrieval
-    re-rooted on the device still gets tokens accepted, and GRAFT's code reads no tensor value on
-    the host in any worker call (SGLang's own reads counted apart). Step costs pinned: the draft
+    re-rooted on the device still gets tokens accepted, each response carries its per-request counts,
+    and GRAFT's code reads no tensor value on the host in any worker call (SGLang's own reads counted
+    apart). Step costs pinned: the draft
     passes asserted do not depend on how loaded the machine is."""
     ids, ref = reference
     env = {**COUNT_READS, **pinned_env(tmp_path / "pinned")}
@@ -150,6 +151,13 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
                       log_path=server_logs / "graft-sync-free.log", env=env) as srv:
         outs = _run_all(srv, ids)
         assert [o["output_ids"] for o in outs] == ref
+        for o in outs:  # per-request counts, read after SGLang's copy of the step's results
+            m = o["meta_info"]
+            steps = m["spec_verify_ct"]
+            assert sum(m["graft_stage_histogram"]) == steps and m["graft_plain_steps"] == 0, m
+            accepted = m["graft_retrieved_accepted"] + m["graft_draft_accepted"]
+            assert steps < m["completion_tokens"] <= 1 + accepted + steps, m
+            assert m["graft_proposed"] >= accepted and m["graft_verify"] == "greedy", m
         lengths = [8, 32, 16, 24, 32, 12, 32, 20, 5, 32, 17, 9]
         with cf.ThreadPoolExecutor(6) as pool:
             futs = [pool.submit(srv.generate_ids, ids[i], n) for i, n in enumerate(lengths)]
@@ -170,6 +178,9 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     check = economy["expected_vs_committed"]  # from the lagged entries: all but the newest steps
     assert economy["steps"] - 4 <= check["steps"] <= economy["steps"] and check["committed_per_step"] >= 1.0, check
     assert graft["accepted_retrieved_tokens"] > 0  # re-rooted retrieval is accepted (the tiny head rarely is)
+    # the server's counters read the lagged entries (the newest steps not yet); responses count every step
+    reported = sum(o["meta_info"]["graft_retrieved_accepted"] for o in outs + concurrent + sampled)
+    assert reported >= graft["accepted_retrieved_tokens"]
     assert graft["verify_steps"] > 0 and graft["sampling_verify_steps"] > 0
     assert graft["live_stores"] == 0
 

@@ -49,9 +49,13 @@ def test_the_cpu_profile_pth_is_silent_after_uninstall(tmp_path):
     assert (ROOT / "scripts" / "install_cpu.sh").read_text().count("sglang_cpu_port/sglang_graft_cpu.pth") == 1
 
 
-def test_plugin_entry_point_is_registered():
-    eps = [e for e in md.entry_points(group="sglang.srt.plugins") if e.name == "graft"]
-    assert [e.value for e in eps] == ["sglang_graft.sglang.plugin:register"]
+def test_plugin_entry_points_are_registered_under_namespaced_names():
+    """``SGLANG_PLUGINS`` selects plugins by these names: each says which project it belongs to."""
+    eps = {e.name: e.value for e in md.entry_points(group="sglang.srt.plugins")
+           if e.value.split(".")[0].split(":")[0] in ("sglang_graft", "sglang_cpu_port", "sglang_cuda_standin")}
+    assert eps == {"sglang_graft": "sglang_graft.sglang.plugin:register",
+                   "sglang_graft_cpu_port": "sglang_cpu_port:register",
+                   "sglang_graft_cuda_standin": "sglang_cuda_standin:register"}
 
 
 def test_no_sglang_source_is_copied_into_the_repo():

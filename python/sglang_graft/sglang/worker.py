@@ -317,7 +317,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
             proposed=info.verified_nodes.sum(1) - 1, levels_used=info.levels_used,
             expected=info.expected if info.expected is not None else accept_lens.new_zeros((bs, len(self.budgets))))
         if self.sync_free:  # reaches the host two calls later (see lagged.py)
-            self.retrieval.ring.record(rids, batch.req_pool_indices, outcome, passes=plan.passes, num_nodes=n)
+            entry = self.retrieval.ring.record(rids, batch.req_pool_indices, outcome, passes=plan.passes, num_nodes=n)
+            _report_per_request(result.logits_output, entry.outcome, verify_mode, bs, lazy=True)
             return
         host = outcome.to_host(blocking=True)  # one device-to-host copy for the batch
         self.retrieval.commit(rids, host.committed())
@@ -325,16 +326,39 @@ class GraftWorkerV2(EAGLEWorkerV2):
         if plan.expected is not None:
             self.stepper.stats.check(plan.expected, plan.committed)
         self._count(host)
-        lo = result.logits_output
-        info_out = dict(lo.customized_info or {})
-        info_out.update({
-            "graft_stage": host.stage.tolist(),
-            "graft_retrieved_accepted": host.retrieved.tolist(),
-            "graft_draft_accepted": host.drafted.tolist(),
-            "graft_proposed": host.proposed.tolist(),
-            "graft_verify": [verify_mode] * bs,
-        })
-        lo.customized_info = info_out
+        _report_per_request(result.logits_output, host, verify_mode, bs, lazy=False)
+
+
+_REPORTED = {"graft_stage": "stage", "graft_retrieved_accepted": "retrieved", "graft_draft_accepted": "drafted",
+             "graft_proposed": "proposed"}
+
+
+class _HostColumn:
+    """One per-request count of a step (``HostOutcome`` field ``name``), read by SGLang's result
+    processing one request at a time (``v[i]``). Sync-free, the outcome's copy to the host was only
+    enqueued; SGLang reads a step's results after its ``copy_done`` event, which the worker's stream
+    records after that copy, so the value is there by then and nothing waits here."""
+
+    __slots__ = ("host", "name", "size")
+
+    def __init__(self, host: HostOutcome, name: str, size: int) -> None:
+        self.host, self.name, self.size = host, name, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> int:
+        return int(getattr(self.host, self.name)[i])
+
+
+def _report_per_request(logits_output, host: HostOutcome, verify_mode: str, bs: int, *, lazy: bool) -> None:
+    """The step's per-request counts into ``customized_info`` (totalled per request by
+    ``hooks._update_meta_info``): read now, or (``lazy``, sync-free) when SGLang reads them."""
+    info = dict(logits_output.customized_info or {})
+    for key, name in _REPORTED.items():
+        info[key] = _HostColumn(host, name, bs) if lazy else getattr(host, name).tolist()
+    info["graft_verify"] = [verify_mode] * bs
+    logits_output.customized_info = info
 
 
 def _returns_hidden_states(batch) -> bool:
