@@ -5,7 +5,7 @@ of ``bs`` (``N`` nodes each, vocabulary ``V``, committed outputs of ``L`` tokens
 logits' own argmax (the least a greedy verify reads). A batch without a penalised request pays
 nothing: the worker checks SGLang's per-batch penalty tensors and returns.
 
-    .venv/bin/python benchmark/penalty_cost.py [--bs 8] [--penalised 1 8] [--nodes 16] [--vocab 49152]
+    .venv/bin/python benchmark/studies/penalty_cost.py [--bs 8] [--penalised 1 8] [--nodes 16] [--vocab 49152]
 """
 
 from __future__ import annotations
