@@ -52,10 +52,16 @@ _pin_step_costs()
 '''
 
 
+def pinned_source(slow_verify: float = 1.0) -> str:
+    """The ``sitecustomize`` source that pins (for a test that writes its own ``sitecustomize``:
+    Python imports only the first one on the path)."""
+    return _SHIM.format(table=TABLE, slow_verify=float(slow_verify))
+
+
 def pinned_env(directory: Path, slow_verify: float = 1.0) -> dict:
     """Environment entries serving with :data:`TABLE` and no rate guard (a ``sitecustomize`` written
     to ``directory``), to merge into a server's or a benchmark driver's environment; measured verify
     phases ``slow_verify`` times slower."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sitecustomize.py").write_text(_SHIM.format(table=TABLE, slow_verify=float(slow_verify)))
+    (directory / "sitecustomize.py").write_text(pinned_source(slow_verify))
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH", "")) if p)}
