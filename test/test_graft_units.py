@@ -431,9 +431,9 @@ def test_hidden_states_stop_at_the_finish(monkeypatch):
 
 
 def test_node_penalties_count_a_step_the_scheduler_has_not_processed():
-    """Under the overlap scheduler ``output_ids`` lag one step: the committed tokens of a penalised
-    request's latest step come from the device, after the host's; once the scheduler has processed
-    the step (its output grew) they are not counted twice."""
+    """Under the overlap scheduler ``output_ids`` lack the previous launch's tokens: a penalised
+    request's committed output is ``output_ids`` plus them (from the device); without it, or once
+    another launch came in between, ``output_ids`` alone."""
     from types import SimpleNamespace
 
     import torch
@@ -446,10 +446,14 @@ def test_node_penalties_count_a_step_the_scheduler_has_not_processed():
     info = SimpleNamespace(acc_additive_penalties=torch.zeros(1, 8), acc_scaling_penalties=None)
     batch = SimpleNamespace(reqs=[req], sampling_info=info)
     pen = NodePenalties()
-    pen.record(batch, torch.tensor([[6, 7, 1]]), torch.tensor([2]))  # the step committed 6, 7
-    def committed():
-        return [t for t in pen._committed([req], "cpu")[0].tolist() if t >= 0]  # -1: padding
 
-    assert committed() == [4, 5, 6, 7]  # not processed yet
-    req.output_ids += [6, 7]
-    assert committed() == [4, 5, 6, 7]  # processed: from the host only
+    def committed(lagging):
+        return [t for t in pen._committed([req], "cpu", lagging)[0].tolist() if t >= 0]  # -1: padding
+
+    pen.begin_launch()
+    pen.record(batch, torch.tensor([[6, 7, 1]]), torch.tensor([2]))  # this launch committed 6, 7
+    pen.begin_launch()  # the next launch: 6, 7 are not in output_ids yet under overlap
+    assert committed(lagging=True) == [4, 5, 6, 7]
+    assert committed(lagging=False) == [4, 5]
+    pen.begin_launch()  # another launch in between (e.g. a prefill of other requests)
+    assert committed(lagging=True) == [4, 5]

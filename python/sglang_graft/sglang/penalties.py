@@ -10,10 +10,16 @@ to the target's logits just before ``eagle_sample`` and hides SGLang's per-reque
 for the call. Logit bias is the same at every position, so SGLang's own application of it is
 already exact. A batch without penalties pays one attribute check.
 
-Committed output: ``req.output_ids`` when the scheduler has processed the previous step (always
-without the overlap scheduler). Under the overlap scheduler the host lags one step; the tokens of
-a request's previous step (or its prefill) are then still on the device, kept here from the step
-that produced them, and appended on the device (no host read).
+Committed output: ``req.output_ids``. Without the overlap scheduler the scheduler has processed
+every launched step before it launches the next. With it, a batch's results are processed after
+the next batch is launched, so ``output_ids`` lack exactly the tokens of the previous launch (a
+verify step, or the prefill's first token); those are kept here, on the device, from the launch
+that produced them (:meth:`NodePenalties.begin_launch`, :meth:`NodePenalties.record`) and appended
+on the device (no host read).
+
+Worked example (overlap): launch 7 verifies a request and commits ``[a, b]``; launch 8 is the
+next verify, and ``output_ids`` end where launch 6 left them, so its committed output is
+``output_ids + [a, b]``.
 """
 
 from __future__ import annotations
@@ -50,7 +56,6 @@ def stop_tokens(req) -> list[int]:
 class _Pending:
     """A penalised request's latest committed tokens, still on the device."""
 
-    host_len: int  # len(req.output_ids) when they were produced
     tokens: torch.Tensor  # [n] the step's committed tokens (its compacted front)
     length: torch.Tensor  # [] how many of them
 
@@ -59,10 +64,16 @@ class NodePenalties:
     """Per-node penalties for GRAFT's verify; one per worker."""
 
     def __init__(self):
-        self.pending: dict[str, _Pending] = {}
+        self.pending: dict[str, _Pending] = {}  # the previous launch's committed tokens
+        self.latest: dict[str, _Pending] = {}  # this launch's
         self.penalised_steps = 0
 
     # -- per step ----------------------------------------------------------------------------
+    def begin_launch(self) -> None:
+        """Every worker call (a launch, idle ones too): the previous launch's tokens become pending."""
+        if self.pending or self.latest:
+            self.pending, self.latest = self.latest, {}
+
     @contextlib.contextmanager
     def around_verify(self, batch, draft_tokens: torch.Tensor, ancestor_mask: torch.Tensor,
                       depth: torch.Tensor) -> Iterator[None]:
@@ -100,7 +111,7 @@ class NodePenalties:
     def _penalty_fn(self, batch, rows: list[int], draft_tokens, ancestor_mask, depth):
         reqs = [batch.reqs[i] for i in rows]
         device = draft_tokens.device
-        committed = self._committed(reqs, device)
+        committed = self._committed(reqs, device, lagging=bool(getattr(batch, "enable_overlap", False)))
         params = _params(reqs, device)
         index = from_host(rows, torch.int64, device)
         tokens = draft_tokens.index_select(0, index).to(torch.int64)
@@ -113,12 +124,11 @@ class NodePenalties:
 
         return apply
 
-    def _committed(self, reqs, device) -> torch.Tensor:
-        """``[p, L] int64`` each request's committed output, padded with -1 (device tokens of a
-        step the scheduler has not processed yet appended)."""
+    def _committed(self, reqs, device, lagging: bool) -> torch.Tensor:
+        """``[p, L] int64`` each request's committed output, padded with -1; with ``lagging`` (the
+        overlap scheduler) the previous launch's device tokens appended."""
         host = [list(req.output_ids) for req in reqs]
-        lagging = [self.pending.get(req.rid) for req in reqs]
-        lagging = [p if p is not None and p.host_len == len(h) else None for p, h in zip(lagging, host)]
+        lagging = [self.pending.get(req.rid) if lagging else None for req in reqs]
         width = max([len(h) for h in host] + [1])
         extra = max([p.tokens.shape[0] for p in lagging if p is not None] + [0])
         committed = from_host([h + [-1] * (width - len(h)) for h in host], torch.int64, device)
@@ -143,12 +153,10 @@ class NodePenalties:
 
         Args: ``tokens`` ``[bs, n]`` committed front of each row, ``lengths`` ``[bs]``."""
         info = batch.sampling_info
-        if not self.pending and info.acc_additive_penalties is None and info.acc_scaling_penalties is None:
+        if info.acc_additive_penalties is None and info.acc_scaling_penalties is None:
             return
-        # under overlap the scheduler processes a batch's results after launching the next batch,
-        # so only the latest batch's tokens can be missing from output_ids
-        self.pending = {req.rid: _Pending(len(req.output_ids), tokens[i], lengths[i])
-                        for i, req in enumerate(batch.reqs) if penalised(req.sampling_params)}
+        self.latest = {req.rid: _Pending(tokens[i], lengths[i])
+                       for i, req in enumerate(batch.reqs) if penalised(req.sampling_params)}
 
 
 def _params(reqs, device) -> PenaltyParams:

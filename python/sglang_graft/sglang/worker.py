@@ -154,6 +154,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
     # -- the step ----------------------------------------------------------------------------
     def forward_batch_generation(self, batch, *args, **kwargs):
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
+        self.penalties.begin_launch()
         with contextlib.ExitStack() as watchers:
             if self.host_reads is not None:
                 watchers.enter_context(self.host_reads)
