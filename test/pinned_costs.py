@@ -5,9 +5,14 @@ chooses other verify budgets and draft depths (and so commits other numbers of t
 than on an idle one. A test asserting accept lengths, budgets or draft passes serves with this
 table instead: :func:`pinned_env` puts a ``sitecustomize`` on the server's ``PYTHONPATH`` that
 replaces ``StepCost.step`` (the prediction every decision reads) with :data:`TABLE`'s linear
-model. The learned tables are still measured and published; only the decisions stop reading them.
-Outputs are token-exact either way; what changes is that the same prompts give the same choices on
-any machine.
+model, and gives the rate guard (``RateGuard``, which compares realized tokens per second of plain
+and speculative steps) no timed steps, so it never makes a step plain. The learned tables are still
+measured and published; only the decisions stop reading them. Outputs are token-exact either way;
+what changes is that the same prompts give the same choices on any machine.
+
+``slow_verify`` multiplies every measured verify phase by a factor (a loaded machine slows the
+target's forward more than the host's bookkeeping): with everything pinned the decisions must not
+change (``test_graft_server.py`` checks it).
 """
 
 from __future__ import annotations
@@ -23,22 +28,40 @@ TABLE = {"fixed": 0.002, "pass": 0.010, "pass_per_request": 0.002, "verify": 0.0
 
 _SHIM = '''
 def _pin_step_costs(t={table!r}):
-    from sglang_graft.engine import budget
+    from sglang_graft.engine import budget, rate_guard
 
     def step(self, *, bs, num_nodes, passes, plain=False, context=0):
         return ((0.0 if plain else t["fixed"] * bs) + passes * (t["pass"] + t["pass_per_request"] * bs)
                 + t["verify"] + t["verify_per_token"] * bs * num_nodes)
 
     budget.StepCost.step = step
+    rate_guard.RateGuard.observe = lambda self, **step: None
+
+    if {slow_verify!r} != 1.0:
+        close = budget.StepTimer._close
+
+        def slowed(self, times, total):
+            extra = times.get("verify", 0.0) * ({slow_verify!r} - 1.0)
+            times["verify"] = times.get("verify", 0.0) + extra
+            return close(self, times, total + extra)
+
+        budget.StepTimer._close = slowed
 
 
 _pin_step_costs()
 '''
 
 
-def pinned_env(directory: Path) -> dict:
-    """Environment entries serving with :data:`TABLE` (a ``sitecustomize`` written to ``directory``),
-    to merge into a server's or a benchmark driver's environment."""
+def pinned_source(slow_verify: float = 1.0) -> str:
+    """The ``sitecustomize`` source that pins (for a test that writes its own ``sitecustomize``:
+    Python imports only the first one on the path)."""
+    return _SHIM.format(table=TABLE, slow_verify=float(slow_verify))
+
+
+def pinned_env(directory: Path, slow_verify: float = 1.0) -> dict:
+    """Environment entries serving with :data:`TABLE` and no rate guard (a ``sitecustomize`` written
+    to ``directory``), to merge into a server's or a benchmark driver's environment; measured verify
+    phases ``slow_verify`` times slower."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sitecustomize.py").write_text(_SHIM.format(table=TABLE))
+    (directory / "sitecustomize.py").write_text(pinned_source(slow_verify))
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH", "")) if p)}

@@ -29,6 +29,7 @@ import time
 import pytest
 import requests
 
+from pinned_costs import pinned_env
 from server_utils import SGLangServer
 
 pytestmark = pytest.mark.server
@@ -319,11 +320,11 @@ def test_sampled_token_distribution_matches_no_speculation(graft_server, plain_p
     assert p_value > 1e-4, (p_value, sorted(collections.Counter(graft).items()), exact_pairs)
 
 
-def test_isolated_recycling_scope_keeps_requests_independent(tiny_models, server_logs):
+def test_isolated_recycling_scope_keeps_requests_independent(tiny_models, server_logs, tmp_path):
     """B, then A (other content), then B again: with per-request scopes B's per-step acceptance
     is identical; with one shared matrix B's second run profits from what the first taught it.
-    (Fixed budget: the cost-aware budget also follows the server's measured step times and its
-    acceptance calibration, statistics over all requests, so its tree sizes vary with load.)"""
+    (Fixed budget: the cost-aware budget also follows its acceptance calibration, statistics over all
+    requests; step costs pinned besides, so nothing here reads the machine's load.)"""
     b_prompt = "for i in range(10):\n    for j in range(10):\n        for k in range(10):\n"
     a_prompt = "SELECT name FROM users WHERE id = 1; SELECT name FROM users WHERE id = 2;"
 
@@ -337,7 +338,8 @@ def test_isolated_recycling_scope_keeps_requests_independent(tiny_models, server
     for scope in ("request", "shared"):
         args = _graft(tiny_models, "--speculative-graft-source", "recycle", "--speculative-graft-recycle-scope", scope,
                       "--speculative-graft-per-step-metrics", "--speculative-graft-budget-mode", "fixed")
-        with SGLangServer(tiny_models["llama"], args, log_path=server_logs / f"reliability-scope-{scope}.log") as srv:
+        with SGLangServer(tiny_models["llama"], args, log_path=server_logs / f"reliability-scope-{scope}.log",
+                          env=pinned_env(tmp_path / scope)) as srv:
             first = steps(srv, b_prompt)
             steps(srv, a_prompt)
             results[scope] = (first, steps(srv, b_prompt))

@@ -69,15 +69,30 @@ def _run_all(srv, ids):
 COUNT_READS = {"SGLANG_GRAFT_COUNT_HOST_READS": "1"}
 
 
-def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_logs, reference, tmp_path):
+_DECISIONS: dict = {}  # slow_verify -> (every step's choices, verify ms per step) of the run
+
+
+def _decisions(outs, economy) -> tuple:
+    """What the cost-aware step chose, per request and step (plain or speculative, pruning stage,
+    tokens retrieved and accepted) and in total (budgets, draft passes)."""
+    per_request = [(o["meta_info"]["spec_verify_ct"], o["meta_info"]["graft_plain_steps"],
+                    o["meta_info"]["graft_steps"]["stage"], o["meta_info"]["graft_steps"]["retrieved_accepted"])
+                   for o in outs]
+    return per_request, economy["budget_histogram"], economy["draft_passes"], economy["plain_steps"]
+
+
+@pytest.mark.parametrize("slow_verify", [1, 5])
+def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_logs, reference, tmp_path, slow_verify):
     """The defaults with plain steps on, token-exact; retrieval gets tokens accepted; steps where
     N = 1 pays best at the draft's first level are plain (the root alone), the others speculative.
-    Step costs pinned: which steps are plain does not depend on how loaded the machine is."""
+    Step costs pinned and the rate guard given no timings: which steps are plain does not depend on
+    how loaded the machine is. The second run measures every verify 5x slower than it ran (as on a
+    loaded machine) and must choose exactly what the first chose, step for step."""
     ids, ref = reference
-    env = {**COUNT_READS, **pinned_env(tmp_path / "pinned")}
+    env = {**COUNT_READS, **pinned_env(tmp_path / "pinned", slow_verify=slow_verify)}
     with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-per-step-metrics",
                                                         "--speculative-graft-plain-steps", "on"),
-                      log_path=server_logs / "graft-auto.log", env=env) as srv:
+                      log_path=server_logs / f"graft-auto-slow{slow_verify}.log", env=env) as srv:
         outs = _run_all(srv, ids)
         assert [o["output_ids"] for o in outs] == ref
         retrieved = [o["meta_info"]["graft_retrieved_accepted"] for o in outs]
@@ -115,13 +130,20 @@ def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_l
         check = economy["expected_vs_committed"]  # the speculative steps
         assert check["steps"] == economy["steps"] - plain and check["committed_per_step"] >= 1.0, check
         assert check["expected_per_step"] >= 1.0, check
+    _DECISIONS[slow_verify] = (_decisions(outs, economy), economy["step_time"]["phase_ms_per_step"]["verify"])
+    if slow_verify != 1:
+        assert 1 in _DECISIONS, "runs after the unslowed run (the parametrization's order)"
+        (want, verify_ms), (got, slow_ms) = _DECISIONS[1], _DECISIONS[slow_verify]
+        assert slow_ms > 2.5 * verify_ms, (slow_ms, verify_ms)  # the slowdown reached the step's clock
+        assert got == want
 
 
 def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs, reference, tmp_path):
     """``--speculative-graft-sync-free on`` (CUDA's default) served on a CPU: token-exact alone and
     under concurrency (requests joining and leaving every few steps), sampling completes, retrieval
-    re-rooted on the device still gets tokens accepted, and GRAFT's code reads no tensor value on
-    the host in any worker call (SGLang's own reads counted apart). Step costs pinned: the draft
+    re-rooted on the device still gets tokens accepted, each response carries its per-request counts,
+    and GRAFT's code reads no tensor value on the host in any worker call (SGLang's own reads counted
+    apart). Step costs pinned: the draft
     passes asserted do not depend on how loaded the machine is."""
     ids, ref = reference
     env = {**COUNT_READS, **pinned_env(tmp_path / "pinned")}
@@ -129,6 +151,13 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
                       log_path=server_logs / "graft-sync-free.log", env=env) as srv:
         outs = _run_all(srv, ids)
         assert [o["output_ids"] for o in outs] == ref
+        for o in outs:  # per-request counts, read after SGLang's copy of the step's results
+            m = o["meta_info"]
+            steps = m["spec_verify_ct"]
+            assert sum(m["graft_stage_histogram"]) == steps and m["graft_plain_steps"] == 0, m
+            accepted = m["graft_retrieved_accepted"] + m["graft_draft_accepted"]
+            assert steps < m["completion_tokens"] <= 1 + accepted + steps, m
+            assert m["graft_proposed"] >= accepted and m["graft_verify"] == "greedy", m
         lengths = [8, 32, 16, 24, 32, 12, 32, 20, 5, 32, 17, 9]
         with cf.ThreadPoolExecutor(6) as pool:
             futs = [pool.submit(srv.generate_ids, ids[i], n) for i, n in enumerate(lengths)]
@@ -149,6 +178,9 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     check = economy["expected_vs_committed"]  # from the lagged entries: all but the newest steps
     assert economy["steps"] - 4 <= check["steps"] <= economy["steps"] and check["committed_per_step"] >= 1.0, check
     assert graft["accepted_retrieved_tokens"] > 0  # re-rooted retrieval is accepted (the tiny head rarely is)
+    # the server's counters read the lagged entries (the newest steps not yet); responses count every step
+    reported = sum(o["meta_info"]["graft_retrieved_accepted"] for o in outs + concurrent + sampled)
+    assert reported >= graft["accepted_retrieved_tokens"]
     assert graft["verify_steps"] > 0 and graft["sampling_verify_steps"] > 0
     assert graft["live_stores"] == 0
 

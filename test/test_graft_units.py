@@ -406,3 +406,54 @@ def test_the_warm_up_compiles_the_pool_depths_a_step_can_have():
     assert not fixed.cost_aware
     plan = SimpleNamespace(passes=0)
     assert all(fixed.keep_drafting(plan, None) for _ in range(3)) and plan.passes == 3
+
+
+def test_hidden_states_stop_at_the_finish(monkeypatch):
+    """A verify step that accepts past ``max_new_tokens`` returns rows for the kept tokens only
+    (SGLang's own clip for ``return_hidden_states="last"``); other requests are left alone."""
+    from types import SimpleNamespace
+
+    from sglang_graft.sglang import hooks
+
+    monkeypatch.setattr(hooks, "_serving_graft", lambda: True)
+    seen = []
+
+    def original(*, req, hidden_states, start, accept_len):
+        seen.append(accept_len)
+
+    req = SimpleNamespace(return_hidden_states=True, output_ids=list(range(10)), finished_len=7)
+    hooks._hidden_states_to_the_finish(original, req=req, hidden_states=None, start=0, accept_len=4)
+    running = SimpleNamespace(return_hidden_states=True, output_ids=list(range(10)), finished_len=None)
+    hooks._hidden_states_to_the_finish(original, req=running, hidden_states=None, start=0, accept_len=4)
+    last = SimpleNamespace(return_hidden_states="last", output_ids=list(range(10)), finished_len=7)
+    hooks._hidden_states_to_the_finish(original, req=last, hidden_states=None, start=0, accept_len=4)
+    assert seen == [1, 4, 4]  # 3 of the step's 4 tokens were past the finish
+
+
+def test_node_penalties_count_a_step_the_scheduler_has_not_processed():
+    """Under the overlap scheduler ``output_ids`` lack the previous launch's tokens: a penalised
+    request's committed output is ``output_ids`` plus them (from the device); without it, or once
+    another launch came in between, ``output_ids`` alone."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from sglang_graft.sglang.penalties import NodePenalties
+
+    params = SimpleNamespace(frequency_penalty=0.5, presence_penalty=0.0, repetition_penalty=1.0,
+                             min_new_tokens=0, stop_token_ids=None)
+    req = SimpleNamespace(rid="a", output_ids=[4, 5], sampling_params=params, eos_token_ids=None)
+    info = SimpleNamespace(acc_additive_penalties=torch.zeros(1, 8), acc_scaling_penalties=None)
+    batch = SimpleNamespace(reqs=[req], sampling_info=info)
+    pen = NodePenalties()
+
+    def committed(lagging):
+        return [t for t in pen._committed([req], "cpu", lagging)[0].tolist() if t >= 0]  # -1: padding
+
+    pen.begin_launch()
+    pen.record(batch, torch.tensor([[6, 7, 1]]), torch.tensor([2]))  # this launch committed 6, 7
+    pen.begin_launch()  # the next launch: 6, 7 are not in output_ids yet under overlap
+    assert committed(lagging=True) == [4, 5, 6, 7]
+    assert committed(lagging=False) == [4, 5]
+    pen.begin_launch()  # another launch in between (e.g. a prefill of other requests)
+    assert committed(lagging=True) == [4, 5]

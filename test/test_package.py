@@ -49,9 +49,41 @@ def test_the_cpu_profile_pth_is_silent_after_uninstall(tmp_path):
     assert (ROOT / "scripts" / "install_cpu.sh").read_text().count("sglang_cpu_port/sglang_graft_cpu.pth") == 1
 
 
-def test_plugin_entry_point_is_registered():
-    eps = [e for e in md.entry_points(group="sglang.srt.plugins") if e.name == "graft"]
-    assert [e.value for e in eps] == ["sglang_graft.sglang.plugin:register"]
+OUR_PLUGINS = ("sglang_graft", "sglang_cpu_port", "sglang_cuda_standin")
+
+
+def _ours(ep) -> bool:
+    return ep.value.split(":")[0].split(".")[0] in OUR_PLUGINS
+
+
+def test_plugin_entry_points_are_registered_under_namespaced_names():
+    """``SGLANG_PLUGINS`` selects plugins by these names: each says which project it belongs to;
+    the former generic names stay for one more release."""
+    eps = {e.name: e.value for e in md.entry_points(group="sglang.srt.plugins") if _ours(e)}
+    assert eps == {"sglang_graft": "sglang_graft.sglang.plugin:register",
+                   "sglang_graft_cpu_port": "sglang_cpu_port:register",
+                   "sglang_graft_cuda_standin": "sglang_cuda_standin:register",
+                   "graft": "sglang_graft.sglang.plugin:register", "cpu_port": "sglang_cpu_port:register",
+                   "cuda_standin": "sglang_cuda_standin:register"}
+
+
+def test_every_entry_point_loaded_registers_each_hook_once():
+    """SGLang calls every entry point, the old names' too: each plugin registers once per process."""
+    script = f"""
+from collections import Counter
+from importlib import metadata as md
+from sglang.srt.plugins.hook_registry import HookRegistry
+for ep in md.entry_points(group="sglang.srt.plugins"):
+    if ep.value.split(":")[0].split(".")[0] in {OUR_PLUGINS!r}:
+        ep.load()()
+hooks = Counter((target, getattr(h, "__qualname__", repr(h))) for target, entries in HookRegistry._hooks.items()
+                for _, h, _ in entries)
+print(len(hooks), max(hooks.values()))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    count, most = map(int, out.stdout.split()[-2:])
+    assert count > 10 and most == 1, out.stdout
 
 
 def test_no_sglang_source_is_copied_into_the_repo():

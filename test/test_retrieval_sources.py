@@ -146,6 +146,7 @@ def test_a_source_registered_by_a_test_serves_token_exact(tiny_models, server_lo
     greedy output token-exact against no speculation, and the toy's proposals verified and accepted."""
     from transformers import AutoTokenizer
 
+    from pinned_costs import pinned_source
     from server_utils import SGLangServer
 
     prompts = ["ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab", "x = 1\nx = 1\nx = 1\nx = 1\n",
@@ -156,7 +157,7 @@ def test_a_source_registered_by_a_test_serves_token_exact(tiny_models, server_lo
     reference = [plain_llama.generate_ids(p, new_tokens)["output_ids"] for p in ids]
     shim = tmp_path / "shim"
     shim.mkdir()
-    (shim / "sitecustomize.py").write_text(REPEAT_SOURCE + "\n\nregister()\n")
+    (shim / "sitecustomize.py").write_text(REPEAT_SOURCE + "\n\nregister()\n" + pinned_source())  # costs pinned
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p)}
     args = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
             "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",

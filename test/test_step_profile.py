@@ -1,4 +1,4 @@
-"""``benchmark/step_profile.py`` sorts py-spy samples into the parts of a decode step."""
+"""``benchmark/studies/step_profile.py`` sorts py-spy samples into the parts of a decode step."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmark"))
+sys.path.insert(0, str(ROOT / "benchmark" / "studies"))
 
 import step_profile  # noqa: E402
 

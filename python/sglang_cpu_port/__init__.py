@@ -11,6 +11,8 @@ a CPU (``moe``: Qwen2-MoE's Triton shared-expert gate, ``--ep-size > 1``'s ``-1`
 
 from __future__ import annotations
 
+import functools
+
 import importlib.util
 import logging
 import multiprocessing
@@ -117,6 +119,7 @@ def install_hooks() -> bool:
     return True
 
 
+@functools.cache  # once per process: the deprecated entry-point name calls it too
 def register() -> None:
     """Entry point of the ``sglang.srt.plugins`` group (SGLang calls it in every process)."""
     install_hooks()

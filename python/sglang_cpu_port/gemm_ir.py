@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 TILE = 32  # AVX-512: output columns per packed tile, two 16-lane vectors
 # AVX-512: rows one call keeps in registers, 12 x 2 accumulators + 2 weight vectors + 1 broadcast = 27
 # of 32. Against blocks of 8 on an AVX-512 Xeon, SmolLM2-135M's linears + lm_head, one thread, ms per
-# forward (``benchmark/linear_rows.py --block-ab 8``): 12 rows 61.0 -> 50.5, 16 rows 65.2 -> 60.2,
+# forward (``benchmark/studies/linear_rows.py --block-ab 8``): 12 rows 61.0 -> 50.5, 16 rows 65.2 -> 60.2,
 # 24 rows 78.0 -> 69.0, 32 rows 90.9 -> 82.0; 1 to 8 rows alike (the same kernels).
 MAX_BLOCK = 12
 AVX2_TILE = 24  # AVX2 only: three 8-lane vectors
@@ -47,7 +47,7 @@ CHUNK_BYTES = 1 << 19  # packed weights every row block reads in turn while they
 # ``k`` at this distance (``0``: none), into L2 (``prefetcht1``: L2's queue keeps more lines in flight
 # than L1's fill buffers). Chosen on an AVX-512 Xeon, where the hardware prefetcher alone left 8 rows
 # at 1.6x one row's time; SmolLM2-135M's linears, one thread, against 8 KiB into L1: 4 rows 48.4 ->
-# 42.3 ms, 8 rows 55.3 -> 50.0, 1 row 42.0 -> 41.7 (``benchmark/linear_rows.py --prefetch-ab`` compares
+# 42.3 ms, 8 rows 55.3 -> 50.0, 1 row 42.0 -> 41.7 (``benchmark/studies/linear_rows.py --prefetch-ab`` compares
 # with no prefetch).
 PREFETCH_BYTES = 16384
 PREFETCH_LOCALITY = 2  # llvm.prefetch's locality: 3 = L1 (t0), 2 = L2 (t1), 1 = t2, 0 = non-temporal
@@ -120,7 +120,7 @@ def driver_ir(max_block: int, tile: int, name: str = "product") -> str:
     loops in one call (``rows >= 1``, ``chunk >= 1`` tiles): for each chunk of tiles, the row blocks of
     up to ``max_block`` rows in turn, each through ``rows{block}`` of :func:`kernel_ir`. A call from
     Python costs a few microseconds, and in L2-sized chunks a forward of SmolLM2-135M's linears takes
-    about 2,300 block calls at 8 rows, so the loops run here (``benchmark/linear_rows.py
+    about 2,300 block calls at 8 rows, so the loops run here (``benchmark/studies/linear_rows.py
     --python-loops``).
 
     ``rows`` is split into blocks in order: ``max_block`` rows while more remain, then the rest, so
@@ -155,7 +155,7 @@ class _Kernels:
     """The compiled kernels for 1 .. ``max_block`` rows and the packed ``tile`` width they read (kept
     alive with their engine): with AVX-512, tiles of 32 columns in two 16-lane vectors and blocks of
     up to 12 rows; with AVX2 only (16 vector registers of 8 lanes), tiles of 24 columns and blocks of up
-    to 4 rows (``OMP_NUM_THREADS=1 python benchmark/linear_rows.py`` on a Zen 4 without AVX-512: 4 rows
+    to 4 rows (``OMP_NUM_THREADS=1 python benchmark/studies/linear_rows.py`` on a Zen 4 without AVX-512: 4 rows
     of the 49152 x 576 lm_head 4.9 against 7.7 ms with the 32-column tiles, which left 2 rows a block).
     """
 

@@ -3,7 +3,7 @@
 On CPUs without AMX SGLang's linear layers run torch's ``x @ W^T`` (MKL). For one row MKL takes
 its matrix-vector path; for 2 or more rows a GEMM path that, against the thin ``x``, costs 1.5-4x
 the one-row product although it reads the same weights (SmolLM2-135M's layer shapes, one thread,
-an AVX-512 AMD CPU: ``benchmark/linear_rows.py``). A verify of ``k`` draft tokens is such a
+an AVX-512 AMD CPU: ``benchmark/studies/linear_rows.py``). A verify of ``k`` draft tokens is such a
 product, and so is a decode step of a batch.
 
 :func:`rows_linear` computes ``x @ W^T (+ bias)`` for up to :data:`MAX_ROWS` rows with the
@@ -36,7 +36,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from sglang_cpu_port import gemm_ir
 
 # Rows the kernels take (more: torch's product). Measured up to here on SmolLM2-135M's shapes, one
-# thread (``benchmark/linear_rows.py``): 256 rows 687 against torch's 1110 ms; longer prefill
+# thread (``benchmark/studies/linear_rows.py``): 256 rows 687 against torch's 1110 ms; longer prefill
 # chunks keep SGLang's product, which was not measured against the kernels.
 MAX_ROWS = 256
 

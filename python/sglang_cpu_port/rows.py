@@ -40,7 +40,7 @@ import torch
 
 ATTRIBUTE = "active_rows"
 _TOKEN_FIELDS = ("input_ids", "positions", "out_cache_loc")  # a forward batch's per-row tensors
-_OUTPUT_FIELDS = ("next_token_logits", "hidden_states")  # a logits output's per-row tensors
+_OUTPUT_FIELDS = ("next_token_logits", "hidden_states", "last_hidden_states")  # a logits output's per-row tensors
 
 
 @dataclass

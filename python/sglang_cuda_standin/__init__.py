@@ -23,6 +23,8 @@ write), Triton ops, and ``--sampling-backend pytorch``.
 
 from __future__ import annotations
 
+import functools
+
 import importlib.util
 import logging
 from pathlib import Path
@@ -72,6 +74,7 @@ def install_sampling_ops() -> list[str]:
     return list(_VERIFY_OPS)
 
 
+@functools.cache  # once per process: the deprecated entry-point name calls it too
 def register() -> None:
     """Entry point of the ``sglang.srt.plugins`` group (SGLang calls it in every process): a
     no-op unless the stand-in serves ``sgl_kernel``."""

@@ -101,7 +101,7 @@ class StepCost:
     3.2K-token context added about as much to a 1-node verify as to a 16-node one (0.08 -> 0.15 s
     and 0.25 -> 0.32 s, SmolLM2-135M), so the term is per context token, not per verified node and
     context token; replayed over served steps it predicts a step's verify time better than the
-    medians alone, above all at long context and in batches (``benchmark/cost_model_fit.py``,
+    medians alone, above all at long context and in batches (``benchmark/studies/cost_model_fit.py``,
     README "Running GRAFT").
 
     **Batch shapes.** The *token curve* ``verify(T)`` of base seconds is piecewise linear in the

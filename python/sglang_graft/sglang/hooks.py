@@ -270,6 +270,31 @@ def _one_window_without_overlap(result, *args, **kwargs):
     return seams.DECODE_WINDOW.resolve()()
 
 
+def _keep_final_hidden_states(result, processor, *args, **kwargs):
+    """AFTER ``LogitsProcessor.__init__``: with ``--enable-return-hidden-states`` under GRAFT the
+    logits processor also keeps the final hidden states (``last_hidden_states``) where it captures
+    the EAGLE-3 head's layers, so that a request gets what a plain server returns (the worker
+    swaps them in once the draft has read its capture). SGLang 0.5.23 keeps them only for
+    ``--enable-return-aux-hidden-states`` and returns the ``3 x hidden`` capture under speculation.
+    Set at construction, before any CUDA graph is captured; the tensor is one the processor holds
+    anyway."""
+    if _serving_graft() and seams.EXEC_CONFIG.resolve()().features.enable_return_hidden_states:
+        processor.keep_last_hidden_states = True
+    return result
+
+
+def _hidden_states_to_the_finish(original, *args, req, hidden_states, start, accept_len, **kwargs):
+    """AROUND ``SchedulerBatchResultProcessor._append_decode_hidden_states``: under GRAFT a request
+    gets no hidden state for tokens a verify step accepted past its finish (``max_new_tokens``, a
+    stop), as SGLang already does for ``return_hidden_states="last"``; SGLang 0.5.23 returns them
+    for whole-output requests (one row per token cut from the output), so the rows no longer match
+    the output. Worked example: 3 tokens left, a step accepts 4: 3 rows, not 4."""
+    if _serving_graft() and req.return_hidden_states is True and req.finished_len is not None:
+        step_start = len(req.output_ids) - accept_len
+        accept_len = max(0, min(accept_len, req.finished_len - step_start))
+    return original(*args, req=req, hidden_states=hidden_states, start=start, accept_len=accept_len, **kwargs)
+
+
 def _no_reserved_tokens(result, *args, **kwargs):
     """AFTER ``compute_num_reserved_tokens``: under GRAFT a request may use the whole context, as
     without speculation. SGLang takes ``max(num_steps * topk, N)`` tokens (24 by default) off every
@@ -352,6 +377,8 @@ def register() -> None:
     seams.register_hook(seams.DECODE_RESERVE, _one_window_without_overlap, "AFTER")
     seams.register_hook(seams.ROW_HEADROOM, _rows_hold_the_reserve, "AFTER")
     seams.register_hook(seams.RESERVED_TOKENS, _no_reserved_tokens, "AFTER")
+    seams.register_hook(seams.LOGITS_PROCESSOR_INIT, _keep_final_hidden_states, "AFTER")
+    seams.register_hook(seams.DECODE_HIDDEN_STATES, _hidden_states_to_the_finish, "AROUND")
     seams.register_hook(seams.MODEL_FORWARD, _positions_inside_the_context, "BEFORE")
     seams.register_hook(seams.PREPARE_DRAFT_EXTEND, _draft_extend_inside_the_context, "AFTER")
     seams.register_hook(seams.SPEC_METRICS, isolated(_spec_metrics_as_verified), "AFTER")

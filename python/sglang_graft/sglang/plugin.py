@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 
+
+@functools.cache  # once per process: the deprecated entry-point name calls it too
 def register() -> None:
     """Register ``--speculative-algorithm GRAFT``, its flags and hooks, and the residual-stream
     capture of EAGLE-3 heads on Gemma-3 targets (:mod:`target_capture`; SGLang on a CPU is the

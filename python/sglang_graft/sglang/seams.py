@@ -187,6 +187,11 @@ FREEZE_GC = Seam("sglang.srt.entrypoints.http_server._freeze_gc_after_server_war
                  "post /freeze_gc only once the HTTP server listens (no traceback at start)")
 CPU_BACKEND_FALLBACK = Seam("sglang.srt.arg_groups.overrides._attention_backend_platform_fallbacks",
                             "keep the intel_amx backend (tree verify) on CPUs without AMX")
+LOGITS_PROCESSOR_INIT = Seam("sglang.srt.layers.logits_processor.LogitsProcessor.__init__",
+                             "keep the target's final hidden states beside the EAGLE-3 capture (return_hidden_states)")
+DECODE_HIDDEN_STATES = Seam("sglang.srt.managers.scheduler_components.batch_result_processor."
+                            "SchedulerBatchResultProcessor._append_decode_hidden_states",
+                            "return no hidden state past a request's finish (return_hidden_states)")
 CPU_LM_HEAD = Seam("sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
                    "compute the lm_head of a few rows with the CPU port's batch-invariant small-row kernel")
 CPU_LINEAR = Seam("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
@@ -195,6 +200,10 @@ CPU_FORWARD_ROWS = Seam("sglang.srt.model_executor.model_runner.ModelRunner._for
                         "compute only the rows a verify reads (the CPU port's active rows)")
 CPU_VERIFY_SAMPLE = Seam(f"{_SW}.eagle_utils.eagle_sample",
                          "take the target's greedy choice on a verify's read rows only (the CPU port's active rows)")
+VERIFY_SAMPLE = Seam(f"{_SW}.eagle_worker_common.eagle_sample",
+                     "apply each verify node's own penalties before SGLang samples the tree (lossless penalties)")
+COMPACT_ACCEPTED = Seam(f"{_SW}.eagle_worker_common._compact_accept_to_front",
+                        "move the accepted path's final hidden states to the front (return_hidden_states)")
 VERIFY_TREE_GREEDY = Seam(f"{_SW}.eagle_utils.verify_tree_greedy_func",
                           "accept a tree greedily from the target's choices on the read rows")
 SIMULATE_ACC_LEN = Seam(f"{_SW}.spec_utils.SIMULATE_ACC_LEN",

@@ -48,6 +48,7 @@ import torch
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.outcome import HostOutcome, StepOutcome
 from sglang_graft.sglang import sampling, seams
+from sglang_graft.sglang.penalties import NodePenalties, plain_tree
 from sglang_graft.sglang.launch_config import config_of
 from sglang_graft.sglang.host_reads import cuda_syncs
 from sglang_graft.sglang.attention_kernels import COUNT_ENV, AttentionKernelCounter
@@ -111,6 +112,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self.mask_scratch = MaskScratch(self.budgets[-1])  # FULL verify masks whose size the host does not know
         self.mask_modes: dict = {}  # verify steps per "target backend class:mask layout" (/server_info)
         self.prometheus = maybe_prometheus(server_args)
+        self.penalties = NodePenalties()  # each tree node penalised as a plain decode would
         self._verified: Optional[tuple[StepPlan, int]] = None  # this step's plan and batch size, once verified
         _WORKERS.append(self)
         logger.info("GRAFT worker: N=%d steps=%d topk=%d budgets=%s sync-free=%s ragged=%s %s",
@@ -152,6 +154,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
     # -- the step ----------------------------------------------------------------------------
     def forward_batch_generation(self, batch, *args, **kwargs):
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
+        self.penalties.begin_launch()
         with contextlib.ExitStack() as watchers:
             if self.host_reads is not None:
                 watchers.enter_context(self.host_reads)
@@ -165,8 +168,12 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 return super().forward_batch_generation(batch, *args, **kwargs)
             self.stepper.timer.begin()
             self._verified = None
+            self._returned_hidden = None
             try:
-                return super().forward_batch_generation(batch, *args, **kwargs)
+                result = super().forward_batch_generation(batch, *args, **kwargs)
+                if self._returned_hidden is not None:  # after the draft extend read the aux states
+                    result.logits_output.hidden_states = self._returned_hidden
+                return result
             finally:
                 plan, bs = self._verified or (None, 0)
                 self.stepper.end_step(plan, bs)
@@ -192,6 +199,11 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 self.retrieval.admit(req.rid, seams.request_tokens(req), seams.request_tenant(req))
                 self.lag.forget(req.rid)  # the draft prefill makes its state current
         result = super()._forward_prefill_batch(batch, *args, **kwargs)
+        if not idle and _returns_hidden_states(batch) and _final_hidden_states(result.logits_output) is not None:
+            result.logits_output.hidden_states = _final_hidden_states(result.logits_output)  # the draft has read the aux
+        if not idle:
+            tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
+            self.penalties.record(batch, tokens, torch.ones_like(tokens[:, 0]))
         if self.sync_free and not idle:
             # the sampled token is each request's first pending path (the root of its first step)
             tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
@@ -219,6 +231,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
         sampling_on_cpu = is_cpu() and not idle and not batch.sampling_info.is_all_greedy
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.stepper.timer.phase("verify"))
+            if not idle:
+                stack.enter_context(self.penalties.around_verify(batch, *self._penalty_tree(batch, verify_input)))
             if sampling_on_cpu:
                 # SGLang verifies greedily on CPU whatever the request asks; GRAFT does not.
                 stack.enter_context(seams.swapped(seams.VERIFY_IS_CPU, False))
@@ -240,13 +254,26 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 finalize_tree_path=True,
                 grammar_barrier=grammar_barrier,
             )
+        if not idle and _returns_hidden_states(batch) and _final_hidden_states(result.logits_output) is not None:
+            self._returned_hidden = seams.COMPACT_ACCEPTED.resolve()(
+                _final_hidden_states(result.logits_output), result.accept_index, len(batch.reqs),
+                num_draft_tokens=verify_input.draft_token_num)
         if not idle and verify_input.plain is not None:
-            self._commit_plain(verify_input.plain, result)
+            self._commit_plain(batch, verify_input.plain, result)
         elif not idle:
             self._feed(batch, verify_input, result, "greedy" if batch.sampling_info.is_all_greedy else "sampling")
         return result
 
-    def _commit_plain(self, plain: PlainPlan, result) -> None:
+    @staticmethod
+    def _penalty_tree(batch, vi: GraftVerifyInput):
+        """The verify tree as the per-node penalties read it: tokens ``[bs, N]``, ancestor mask
+        ``[bs, N, N]``, depth ``[bs, N]``."""
+        if vi.plain is not None:
+            return plain_tree(vi.draft_token)
+        layout = vi.graft_info.layout
+        return vi.draft_token.view(len(batch.reqs), vi.draft_token_num), layout.ancestor_mask, layout.depth
+
+    def _commit_plain(self, batch, plain: PlainPlan, result) -> None:
         """A plain step's one committed token per request -> stores (never sync-free: see
         ``GraftStepper.plain_plan``)."""
         rids = plain.rids
@@ -254,6 +281,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self._verified = (plain, len(rids))
         self.retrieval.counters.plain_request_steps += len(rids)
         tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
+        self.penalties.record(batch, tokens, torch.ones_like(tokens[:, 0]))
         self.retrieval.commit(rids, tokens.tolist())  # one device-to-host copy for the batch
         lo = result.logits_output
         lo.customized_info = {**(lo.customized_info or {}), "graft_plain": [1] * len(rids)}
@@ -280,6 +308,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         linked = info.verified_nodes.clone()
         linked[:, 0] = False
         self.stepper.feedback(info.node_bins, linked, accepted_nodes)
+        self.penalties.record(batch, result.next_token_ids.view(bs, n), accept_lens)
         plan = info.plan
         self._verified = (plan, bs)
         self.retrieval.counters.sampling_verify_steps += verify_mode == "sampling"
@@ -289,7 +318,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
             proposed=info.verified_nodes.sum(1) - 1, levels_used=info.levels_used,
             expected=info.expected if info.expected is not None else accept_lens.new_zeros((bs, len(self.budgets))))
         if self.sync_free:  # reaches the host two calls later (see lagged.py)
-            self.retrieval.ring.record(rids, batch.req_pool_indices, outcome, passes=plan.passes, num_nodes=n)
+            entry = self.retrieval.ring.record(rids, batch.req_pool_indices, outcome, passes=plan.passes, num_nodes=n)
+            _report_per_request(result.logits_output, entry.outcome, verify_mode, bs, lazy=True)
             return
         host = outcome.to_host(blocking=True)  # one device-to-host copy for the batch
         self.retrieval.commit(rids, host.committed())
@@ -297,16 +327,60 @@ class GraftWorkerV2(EAGLEWorkerV2):
         if plan.expected is not None:
             self.stepper.stats.check(plan.expected, plan.committed)
         self._count(host)
-        lo = result.logits_output
-        info_out = dict(lo.customized_info or {})
-        info_out.update({
-            "graft_stage": host.stage.tolist(),
-            "graft_retrieved_accepted": host.retrieved.tolist(),
-            "graft_draft_accepted": host.drafted.tolist(),
-            "graft_proposed": host.proposed.tolist(),
-            "graft_verify": [verify_mode] * bs,
-        })
-        lo.customized_info = info_out
+        _report_per_request(result.logits_output, host, verify_mode, bs, lazy=False)
+
+
+_REPORTED = {"graft_stage": "stage", "graft_retrieved_accepted": "retrieved", "graft_draft_accepted": "drafted",
+             "graft_proposed": "proposed"}
+
+
+class _HostColumn:
+    """One per-request count of a step (``HostOutcome`` field ``name``), read by SGLang's result
+    processing one request at a time (``v[i]``). Sync-free, the outcome's copy to the host was only
+    enqueued; SGLang reads a step's results after its ``copy_done`` event, which the worker's stream
+    records after that copy, so the value is there by then and nothing waits here."""
+
+    __slots__ = ("host", "name", "size")
+
+    def __init__(self, host: HostOutcome, name: str, size: int) -> None:
+        self.host, self.name, self.size = host, name, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> int:
+        return int(getattr(self.host, self.name)[i])
+
+
+def _report_per_request(logits_output, host: HostOutcome, verify_mode: str, bs: int, *, lazy: bool) -> None:
+    """The step's per-request counts into ``customized_info`` (totalled per request by
+    ``hooks._update_meta_info``): read now, or (``lazy``, sync-free) when SGLang reads them."""
+    info = dict(logits_output.customized_info or {})
+    for key, name in _REPORTED.items():
+        info[key] = _HostColumn(host, name, bs) if lazy else getattr(host, name).tolist()
+    info["graft_verify"] = [verify_mode] * bs
+    logits_output.customized_info = info
+
+
+def _returns_hidden_states(batch) -> bool:
+    return any(req.return_hidden_states for req in batch.reqs)
+
+
+def _final_hidden_states(logits_output):
+    """What a plain server returns for ``return_hidden_states``: the target's final hidden state per
+    row (SGLang keeps it as ``last_hidden_states`` while ``hidden_states`` carries the EAGLE-3
+    head's three captured layers, ``3 x hidden`` wide, which SGLang 0.5.23 returns instead). None,
+    logged once, where the target keeps none (``LogitsProcessor.keep_last_hidden_states``, set where
+    aux hidden states are captured: every EAGLE-3 target)."""
+    final = logits_output.last_hidden_states
+    if final is None and not _NO_FINAL_HIDDEN:
+        _NO_FINAL_HIDDEN.append(True)
+        logger.error("GRAFT: the target keeps no final hidden states; return_hidden_states returns SGLang's "
+                     "EAGLE-3 capture (3 x hidden wide) instead")
+    return final
+
+
+_NO_FINAL_HIDDEN: list = []
 
 
 def _tp_all_reduce(op=None):
@@ -354,6 +428,7 @@ def server_counters() -> Optional[dict]:
     out = {**retrieval.counters.as_dict(), **retrieval.store_usage(),
            "economy": {**worker.stepper.as_dict(), "draft_lag": worker.lag.as_dict()},
            "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free,
+           "penalised_steps": worker.penalties.penalised_steps,
            "graph": _graph_stats(worker), "budget_states": worker.budget_states.as_dict(),
            "memory_plan": server_memory_plan(), "config": dataclasses.asdict(worker.graft_cfg)}
     if worker._draft_worker is not None:

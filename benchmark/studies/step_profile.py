@@ -25,8 +25,8 @@ next method takes its turn (the servers admit ``C`` requests and hold ``--max-to
 ``serving_bench.py`` does); a decode step then serves a batch, so only the ms per decoded token
 (``ms_per_token``) compares methods; ``ms_per_step`` is per request's step there.
 
-    OMP_NUM_THREADS=1 python benchmark/step_profile.py --split tune --num-prompts 2 --json out/step_profile.json
-    OMP_NUM_THREADS=1 python benchmark/step_profile.py --split tune --num-prompts 2 --concurrency 8 \
+    OMP_NUM_THREADS=1 python benchmark/studies/step_profile.py --split tune --num-prompts 2 --json out/step_profile.json
+    OMP_NUM_THREADS=1 python benchmark/studies/step_profile.py --split tune --num-prompts 2 --concurrency 8 \
         --json out/step_profile_c8.json
 """
 
@@ -44,7 +44,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmark/
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "models"))
 

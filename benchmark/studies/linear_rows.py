@@ -5,7 +5,7 @@ o 576 -> 576, gate_up 576 -> 3072, down 1536 -> 576, distinct weights per layer 
 from memory as in serving, and the 49152 x 576 lm_head), for 1 to 256 rows, one thread; milliseconds
 per forward, the median of ``--repeats``.
 
-    OMP_NUM_THREADS=1 python benchmark/linear_rows.py
+    OMP_NUM_THREADS=1 python benchmark/studies/linear_rows.py
 
 ``--python-loops`` adds the kernels driven from Python, a call per row block and chunk of tiles (as
 before the loops moved into the compiled driver, ``gemm_ir.driver_ir``); the products take turns

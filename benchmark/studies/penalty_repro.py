@@ -4,9 +4,9 @@ Sends 16 greedy requests (4 of them each with frequency, presence or repetition 
 then 3 rounds concurrently with random arrival times, and counts requests whose output differs from
 their output alone. Run it with the overlap scheduler (SGLang's default) and without:
 
-    .venv/bin/python benchmark/penalty_repro.py                               # overlap scheduler
-    .venv/bin/python benchmark/penalty_repro.py --disable-overlap-schedule
-    .venv/bin/python benchmark/penalty_repro.py --speculative EAGLE3          # vs speculation (below)
+    .venv/bin/python benchmark/studies/penalty_repro.py                               # overlap scheduler
+    .venv/bin/python benchmark/studies/penalty_repro.py --disable-overlap-schedule
+    .venv/bin/python benchmark/studies/penalty_repro.py --speculative EAGLE3          # vs speculation (below)
 
 ``--speculative ALGO [MODEL DRAFT]`` instead sends each of the 16 requests alone to a plain server
 without the overlap scheduler and to a server with ``--speculative-algorithm ALGO`` (3 steps, topk 2, 8
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import requests
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmark/
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "test"))
 

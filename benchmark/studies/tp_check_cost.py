@@ -1,7 +1,7 @@
 """What one ``--speculative-graft-tp-check`` costs: the tree hash, its host read and the all-reduce of
 two integers over the tensor-parallel ranks' CPU group (gloo), per check, on two processes.
 
-    python benchmark/tp_check_cost.py [--bs 8] [--nodes 16] [--checks 500] [--device cpu]
+    python benchmark/studies/tp_check_cost.py [--bs 8] [--nodes 16] [--checks 500] [--device cpu]
 
 Prints the median and 90th-percentile microseconds per check on rank 0 (a check every step; at
 ``K`` steps between checks a step pays ``1/K`` of it). On CUDA the host read also waits for the
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 
 def _rank(rank: int, args, port: int, out) -> None:

@@ -20,8 +20,8 @@ overall, by batch context (< 512, 512-2K, >= 2K tokens) and by batch size (1, > 
 * ``median+context``: ``StepCost()``, medians of base seconds plus the fitted context slope per
   batch-size bucket (the default).
 
-    python benchmark/cost_model_fit.py record --split tune --out benchmark/out/cost_obs_tune.jsonl
-    python benchmark/cost_model_fit.py evaluate benchmark/out/cost_obs_tune.jsonl
+    python benchmark/studies/cost_model_fit.py record --split tune --out benchmark/out/cost_obs_tune.jsonl
+    python benchmark/studies/cost_model_fit.py evaluate benchmark/out/cost_obs_tune.jsonl
 
 The recordings behind RESULTS.md are in ``benchmark/results/cost_observations/`` (``evaluate``
 reads them gzipped).
@@ -41,7 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmark/
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "models"))
 

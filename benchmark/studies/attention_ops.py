@@ -3,7 +3,7 @@ tokens (a chain mask) for ``--batch`` requests of ``--context`` tokens each, mil
 (``--layers`` calls), the median of ``--repeats``; one thread. Default shapes: SmolLM2-135M (9 query
 heads, 3 kv heads, head size 64, 30 layers).
 
-    OMP_NUM_THREADS=1 python benchmark/attention_ops.py --batch 8 --context 300
+    OMP_NUM_THREADS=1 python benchmark/studies/attention_ops.py --batch 8 --context 300
 """
 
 from __future__ import annotations

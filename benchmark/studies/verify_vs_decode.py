@@ -17,7 +17,7 @@ prices speculation out (a verified node costs 10 s) and turns off exploring step
 after the first step (which explores ``N = 1``) the server measures what a plain step costs against
 a decode step; its plain-step count is reported beside.
 
-    python benchmark/verify_vs_decode.py --budgets 2 4 8 --rounds 3 --json out/verify_vs_decode.json
+    python benchmark/studies/verify_vs_decode.py --budgets 2 4 8 --rounds 3 --json out/verify_vs_decode.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import statistics
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmark/
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "models"))
 

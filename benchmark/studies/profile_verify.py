@@ -12,7 +12,7 @@ With ``--py-spy BIN`` each server is also sampled while it serves the long promp
 inside GRAFT's verify (``GraftWorkerV2.verify``) and inside the plain server's decode forward are
 broken down by function (inclusive share of samples), which says what a verify adds to a forward.
 
-    python benchmark/profile_verify.py --py-spy py-spy --json out/profile.json
+    python benchmark/studies/profile_verify.py --py-spy py-spy --json out/profile.json
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmark/
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "models"))
 
