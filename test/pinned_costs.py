@@ -10,9 +10,10 @@ and speculative steps) no timed steps, so it never makes a step plain. The learn
 measured and published; only the decisions stop reading them. Outputs are token-exact either way;
 what changes is that the same prompts give the same choices on any machine.
 
-``slow_verify`` multiplies every measured verify phase by a factor (a loaded machine slows the
-target's forward more than the host's bookkeeping): with everything pinned the decisions must not
-change (``test_graft_server.py`` checks it).
+``slow_verify`` multiplies every measured verify phase by a factor and adds :data:`SLOW_FLOOR_S`
+(a loaded machine slows the target's forward more than the host's bookkeeping): with everything
+pinned the decisions must not change (``test_graft_server.py`` checks it; the floor lets it see
+that the slowdown reached the step's clock without comparing two runs' loads).
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from pathlib import Path
 # (about a tiny float32 model's shape on 2 CPU cores: a draft pass a quarter of a 1-token verify).
 TABLE = {"fixed": 0.002, "pass": 0.010, "pass_per_request": 0.002, "verify": 0.040, "verify_per_token": 0.003}
 
+SLOW_FLOOR_S = 0.25  # added to every slowed verify phase
+
 _SHIM = '''
+SLOW_FLOOR_S = {floor!r}
+
+
 def _pin_step_costs(t={table!r}):
     from sglang_graft.engine import budget, rate_guard
 
@@ -40,8 +46,8 @@ def _pin_step_costs(t={table!r}):
     if {slow_verify!r} != 1.0:
         close = budget.StepTimer._close
 
-        def slowed(self, times, total):
-            extra = times.get("verify", 0.0) * ({slow_verify!r} - 1.0)
+        def slowed(self, times, total):  # x factor, plus a floor a check can see whatever the load
+            extra = times.get("verify", 0.0) * ({slow_verify!r} - 1.0) + SLOW_FLOOR_S
             times["verify"] = times.get("verify", 0.0) + extra
             return close(self, times, total + extra)
 
@@ -55,7 +61,7 @@ _pin_step_costs()
 def pinned_source(slow_verify: float = 1.0) -> str:
     """The ``sitecustomize`` source that pins (for a test that writes its own ``sitecustomize``:
     Python imports only the first one on the path)."""
-    return _SHIM.format(table=TABLE, slow_verify=float(slow_verify))
+    return _SHIM.format(table=TABLE, slow_verify=float(slow_verify), floor=SLOW_FLOOR_S)
 
 
 def pinned_env(directory: Path, slow_verify: float = 1.0) -> dict:

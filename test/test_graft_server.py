@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from server_utils import CPU_ARGS, SERVER_ENV, SGLangServer
-from pinned_costs import pinned_env
+from pinned_costs import SLOW_FLOOR_S, pinned_env
 
 pytestmark = pytest.mark.server
 
@@ -134,7 +134,7 @@ def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_l
     if slow_verify != 1:
         assert 1 in _DECISIONS, "runs after the unslowed run (the parametrization's order)"
         (want, verify_ms), (got, slow_ms) = _DECISIONS[1], _DECISIONS[slow_verify]
-        assert slow_ms > 2.5 * verify_ms, (slow_ms, verify_ms)  # the slowdown reached the step's clock
+        assert slow_ms >= 1e3 * SLOW_FLOOR_S, (slow_ms, verify_ms)  # the slowdown reached the step's clock
         assert got == want
 
 
@@ -287,8 +287,8 @@ def test_graft_modes_token_exact(tiny_models, server_logs, reference, mode, extr
     if mode == "chain-sync-free":
         assert graft["host_reads"]["graft"] == 0, graft["host_reads"]["graft_sites"]
         assert graft["accepted_retrieved_tokens"] > 0
-        # no per-request counts in sync-free responses: SGLang's largest-N estimate is left out
-        assert all("spec_accept_rate" not in o["meta_info"] for o in outs)
+        # sync-free responses carry their per-request counts too (read after SGLang's copy of each step)
+        _check_proposed_counts(outs, max_nodes=12)
         return
     _check_proposed_counts(outs, max_nodes=int(extra[extra.index("--speculative-num-draft-tokens") + 1])
                            if "--speculative-num-draft-tokens" in extra else 8)
