@@ -199,14 +199,15 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 self.retrieval.admit(req.rid, seams.request_tokens(req), seams.request_tenant(req))
                 self.lag.forget(req.rid)  # the draft prefill makes its state current
         result = super()._forward_prefill_batch(batch, *args, **kwargs)
-        if not idle and _returns_hidden_states(batch) and _final_hidden_states(result.logits_output) is not None:
-            result.logits_output.hidden_states = _final_hidden_states(result.logits_output)  # the draft has read the aux
-        if not idle:
-            tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
-            self.penalties.record(batch, tokens, torch.ones_like(tokens[:, 0]))
-        if self.sync_free and not idle:
+        if idle:
+            return result
+        final = _final_hidden_states(result.logits_output) if _returns_hidden_states(batch) else None
+        if final is not None:
+            result.logits_output.hidden_states = final  # the draft prefill has read the aux capture
+        tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
+        self.penalties.record(batch, tokens, torch.ones_like(tokens[:, 0]))
+        if self.sync_free:
             # the sampled token is each request's first pending path (the root of its first step)
-            tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
             self.retrieval.ring.record([r.rid for r in batch.reqs], batch.req_pool_indices,
                                        StepOutcome(tokens, torch.ones_like(tokens[:, 0])))
         return result
@@ -254,10 +255,10 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 finalize_tree_path=True,
                 grammar_barrier=grammar_barrier,
             )
-        if not idle and _returns_hidden_states(batch) and _final_hidden_states(result.logits_output) is not None:
+        final = _final_hidden_states(result.logits_output) if not idle and _returns_hidden_states(batch) else None
+        if final is not None:  # along the accepted path, as SGLang moves the aux capture
             self._returned_hidden = seams.COMPACT_ACCEPTED.resolve()(
-                _final_hidden_states(result.logits_output), result.accept_index, len(batch.reqs),
-                num_draft_tokens=verify_input.draft_token_num)
+                final, result.accept_index, len(batch.reqs), num_draft_tokens=verify_input.draft_token_num)
         if not idle and verify_input.plain is not None:
             self._commit_plain(batch, verify_input.plain, result)
         elif not idle:
@@ -340,16 +341,18 @@ class _HostColumn:
     enqueued; SGLang reads a step's results after its ``copy_done`` event, which the worker's stream
     records after that copy, so the value is there by then and nothing waits here."""
 
-    __slots__ = ("host", "name", "size")
+    __slots__ = ("host", "name", "size", "_column")
 
     def __init__(self, host: HostOutcome, name: str, size: int) -> None:
-        self.host, self.name, self.size = host, name, size
+        self.host, self.name, self.size, self._column = host, name, size, None
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, i: int) -> int:
-        return int(getattr(self.host, self.name)[i])
+        if self._column is None:  # read once, at SGLang's first read
+            self._column = getattr(self.host, self.name)
+        return int(self._column[i])
 
 
 def _report_per_request(logits_output, host: HostOutcome, verify_mode: str, bs: int, *, lazy: bool) -> None:
