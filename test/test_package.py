@@ -98,3 +98,22 @@ def test_a_python_start_in_the_cpu_profile_imports_no_torch():
     proc = subprocess.run([sys.executable, "-c", "import sys; print('sglang_cpu_port.boot' in sys.modules, "
                            "'torch' in sys.modules)"], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split()[1:] == ["False"], proc.stdout + proc.stderr
+
+
+def test_the_cpu_profile_over_a_cuda_build_of_torch_is_switched_on_by_its_marker(tmp_path, monkeypatch):
+    """Where pip sees only PyPI, install_cpu.sh keeps PyPI's (CUDA) build of torch and leaves
+    ``sglang_graft_cpu.force`` beside the hook: the hook is then active, and only then."""
+    from sglang_cpu_port import boot
+
+    site_dir = tmp_path / "site-packages"
+    site_dir.mkdir()
+    monkeypatch.delenv("SGLANG_GRAFT_CPU", raising=False)
+    monkeypatch.setattr(boot.importlib.metadata, "version", lambda name: "2.13.0")
+    monkeypatch.setattr(sys, "path", [str(site_dir)])
+    assert not boot.cpu_profile_active()
+    (site_dir / boot.FORCE_MARKER).touch()
+    assert boot.cpu_profile_active()
+    monkeypatch.setenv("SGLANG_GRAFT_CPU", "0")
+    assert not boot.cpu_profile_active()
+    install = (ROOT / "scripts" / "install_cpu.sh").read_text()
+    assert f'"$SITE/{boot.FORCE_MARKER}"' in install

@@ -15,8 +15,9 @@ It also installs ``quiet``: filters for the warnings SGLang prints on every CPU 
 say the machine has no CUDA (see ``quiet.py``); on a CUDA build of torch none of this runs.
 
 Only the CPU profile installs the ``.pth`` file, and the hook stays inert unless torch is a
-CPU build (``+cpu`` local version) or ``SGLANG_GRAFT_CPU=1``; ``SGLANG_GRAFT_CPU=0`` turns it
-off. It imports nothing heavy at start-up: torch is touched only when torchvision is imported.
+CPU build (``+cpu`` local version), the profile was installed over PyPI's CUDA build of torch (it
+then leaves the marker file ``FORCE_MARKER`` beside the ``.pth``), or ``SGLANG_GRAFT_CPU=1``;
+``SGLANG_GRAFT_CPU=0`` turns it off. It imports nothing heavy at start-up: torch is touched only when torchvision is imported.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import sys
 from pathlib import Path
 
 STANDIN_DIR = Path(__file__).resolve().parent / "sgl_kernel_standin"
+FORCE_MARKER = "sglang_graft_cpu.force"  # in site-packages: install_cpu.sh kept a CUDA build of torch
 
 
 def cpu_profile_active() -> bool:
@@ -38,9 +40,13 @@ def cpu_profile_active() -> bool:
     if forced is not None:
         return forced == "1"
     try:
-        return "+cpu" in importlib.metadata.version("torch")
+        if "+cpu" in importlib.metadata.version("torch"):
+            return True
     except importlib.metadata.PackageNotFoundError:
         return False
+    # sys.path, not site.getsitepackages(): while .pth files are read, the latter still names the
+    # base interpreter's directories in a venv; the site directory itself is already on sys.path
+    return any((Path(p) / FORCE_MARKER).is_file() for p in sys.path if p.endswith("-packages"))
 
 
 def define_torchvision_schemas() -> None:

@@ -65,8 +65,10 @@ def _skipped_for_cpu(message: str) -> bool:
 
 
 def _torch_without_cuda() -> bool:
+    """torch is a CPU build, or a CUDA build on a machine without a GPU (the CPU profile over
+    PyPI's torch)."""
     torch = sys.modules.get("torch")
-    return torch is not None and getattr(torch.version, "cuda", "") is None
+    return torch is not None and (getattr(torch.version, "cuda", "") is None or not torch.cuda.is_available())
 
 
 def _nofile_at_hard_limit() -> bool:
