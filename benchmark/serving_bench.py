@@ -11,6 +11,12 @@ throughput per method and concurrency, and the ratio to no speculation. ``--stea
 SGLang's steady-state entry point instead (``python -m sglang.benchmark.steady_state_serving``): each
 level also reports the output throughput over the longest stretch with at least ``RATIO`` x the
 peak concurrency in flight (ramp-up and drain left out), and its ratio to no speculation's.
+Waves stay the default, measured: with fixed output lengths a server without speculation runs each
+wave in lockstep, its requests end together and concurrency drops at every wave's end, so its
+"longest stretch" is one wave, the slowest one (none at c=8: a 68 s window of a 418 s run, 14.9
+tok/s against 19.6 over the run; GRAFT's requests end one by one and its window is 206 s of 386 s,
+20.9 against 21.2; benchmark/RESULTS.md, "Steady state against waves"). Use ``--steady-state``
+with ``--output-len-mode variable``, where no server runs in lockstep.
 
     python benchmark/serving_bench.py                      # none, EAGLE3-adaptive, GRAFT at 1 / 8 / 16 / 32
     python benchmark/serving_bench.py --output-len-mode variable
@@ -111,7 +117,7 @@ def run_load(url: str, model: Path, dataset: Path, concurrency: int, num_prompts
            "--tokenizer", str(model), "--dataset-name", "custom", "--dataset-path", str(dataset),
            *chat_flags(model), "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1",
-           "--output-file", str(out_file), "--disable-tqdm"] + (["--disable-ignore-eos"] if natural_eos else [])
+           "--output-file", str(out_file)] + (["--disable-ignore-eos"] if natural_eos else [])
     steady_file = out_file.with_suffix(".steady.jsonl") if steady_ratio else None
     if steady_ratio:
         cmd += ["--steady-state-concurrency-ratio", str(steady_ratio), "--steady-state-output-file", str(steady_file)]
@@ -119,9 +125,10 @@ def run_load(url: str, model: Path, dataset: Path, concurrency: int, num_prompts
         if f is not None and f.exists():
             f.unlink()  # SGLang appends to them
     env = {**os.environ, **SERVER_ENV}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    # its progress bar (requests done; a level takes minutes on a CPU) goes to our stderr as it runs
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, timeout=3600)
     if proc.returncode != 0:
-        raise RuntimeError(f"{module} failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
+        raise RuntimeError(f"{module} failed (its messages above): {proc.stdout[-2000:]}")
     return read_result(out_file, steady_file)
 
 
@@ -167,7 +174,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "level), so drift of the machine's speed is shared (default: one server after another)")
     ap.add_argument("--steady-state", type=float, default=None, metavar="RATIO",
                     help="also measure the steady state (SGLang's steady_state_serving): output throughput over the "
-                    "longest stretch with at least RATIO x the peak concurrency in flight, e.g. 0.8")
+                    "longest stretch with at least RATIO x the peak concurrency in flight, e.g. 0.8; with fixed "
+                    "output lengths a server without speculation's stretch is its slowest wave (biased low): "
+                    "use it with --output-len-mode variable")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE ARGS",
                     help="another method: BASE's server flags with ARGS added (repeatable)")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "serving")
@@ -178,6 +187,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         sys.exit("--prompts-per-level needs one value per --concurrency")
     if args.natural_eos:
         args.output_len_mode = "variable"
+    if args.steady_state and args.output_len_mode == "fixed":
+        print("[serving_bench] note: --steady-state with fixed output lengths: a server without speculation "
+              "runs in waves and its steady window is its slowest wave; --output-len-mode variable avoids it",
+              file=sys.stderr, flush=True)
     args.table = dict(METHODS)
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in names if m not in METHODS]
