@@ -6,7 +6,8 @@
   one ``spec_bench.py --interleave`` run (bars), with a second run of nearby code as markers (the
   run-to-run spread a reader should expect).
 * ``load_vs_concurrency.png``: output tokens/s relative to no speculation against concurrency
-  (``serving_bench.py``), one line per run, the y axis through 1.0.
+  (``serving_bench.py``), one line per run, the range of GRAFT's runs shaded, the y axis through 1.0;
+  the c=8 run that put the configuration CUDA resolves to (``GRAFT-cuda``) beside GRAFT as points.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ BATCH1 = [("code of 42aacab", "smollm2_report_all_memo.json"), ("code of 55bc201
 # (label, files): each load run, its levels possibly split over files
 LOAD = [("code of f5daef2", ["serving_bench_kv_window_report.json", "serving_bench_kv_window_report_c8.json"]),
         ("code of 049b2d9", ["serving_bench_waves_report.json"])]
+# a run of other methods at some levels only, drawn as points: (label, file)
+LOAD_POINTS = ("code of 2896293, AVX2 EPYC", "serving_bench_steady_c8.json")
 CATEGORIES = ["mt_bench", "code", "rag", "qa", "summarization", "math", "translation"]
 
 
@@ -68,13 +71,24 @@ def plot_batch1(plt, out: Path) -> None:
 def plot_load(plt, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     styles = ["-", "--"]
+    graft_runs = []
     for (label, names), style in zip(LOAD, styles):
         for method, by_c in load_ratios([RESULTS / n for n in names]).items():
             cs = sorted(by_c)
             ax.plot(cs, [by_c[c] for c in cs], style, marker="o", label=f"{method}, {label}",
                     color="C0" if method == "GRAFT" else "C1")
+            if method == "GRAFT":
+                graft_runs.append(by_c)
+    cs = sorted(set.intersection(*(set(r) for r in graft_runs)))
+    ax.fill_between(cs, [min(r[c] for r in graft_runs) for c in cs], [max(r[c] for r in graft_runs) for c in cs],
+                    color="C0", alpha=0.15, label="GRAFT, range of the two runs")
+    label, name = LOAD_POINTS
+    for method, by_c in load_ratios([RESULTS / name]).items():
+        cs = sorted(by_c)
+        ax.plot(cs, [by_c[c] for c in cs], "s" if method == "GRAFT" else "x", markersize=8,
+                color="C0" if method == "GRAFT" else "C3", label=f"{method}, {label}")
     ax.axhline(1.0, color="k", linewidth=0.8)
-    ax.set_ylim(0.8, 1.25)
+    ax.set_ylim(0.75, 1.25)
     ax.set_xticks([8, 16, 32])
     ax.set_xlabel("concurrency")
     ax.set_ylabel("output tokens/s / no speculation's")
