@@ -7,7 +7,7 @@
   run-to-run spread a reader should expect).
 * ``load_vs_concurrency.png``: output tokens/s relative to no speculation against concurrency
   (``serving_bench.py``), one line per run, the range of GRAFT's runs shaded, the y axis through 1.0;
-  the c=8 run that put the configuration CUDA resolves to (``GRAFT-cuda``) beside GRAFT as points.
+  the c=8 and c=16 runs that put the configuration CUDA resolves to (``GRAFT-cuda``) beside GRAFT as points.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ BATCH1 = [("code of 42aacab", "smollm2_report_all_memo.json"), ("code of 55bc201
 LOAD = [("code of f5daef2", ["serving_bench_kv_window_report.json", "serving_bench_kv_window_report_c8.json"]),
         ("code of 049b2d9", ["serving_bench_waves_report.json"])]
 # a run of other methods at some levels only, drawn as points: (label, file)
-LOAD_POINTS = ("code of 2896293, AVX2 EPYC", "serving_bench_steady_c8.json")
+LOAD_POINTS = ("code of 2896293, AVX2 EPYC", ["serving_bench_steady_c8.json", "serving_bench_c16_cuda.json"])
 CATEGORIES = ["mt_bench", "code", "rag", "qa", "summarization", "math", "translation"]
 
 
@@ -82,8 +82,8 @@ def plot_load(plt, out: Path) -> None:
     cs = sorted(set.intersection(*(set(r) for r in graft_runs)))
     ax.fill_between(cs, [min(r[c] for r in graft_runs) for c in cs], [max(r[c] for r in graft_runs) for c in cs],
                     color="C0", alpha=0.15, label="GRAFT, range of the two runs")
-    label, name = LOAD_POINTS
-    for method, by_c in load_ratios([RESULTS / name]).items():
+    label, names = LOAD_POINTS
+    for method, by_c in load_ratios([RESULTS / n for n in names]).items():
         cs = sorted(by_c)
         ax.plot(cs, [by_c[c] for c in cs], "s" if method == "GRAFT" else "x", markersize=8,
                 color="C0" if method == "GRAFT" else "C3", label=f"{method}, {label}")
