@@ -19,14 +19,14 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 if ! "$VENV/bin/python" -c 'import torch, sys; sys.exit(not torch.__version__.startswith("2.13.0"))' 2>/dev/null; then
   echo "[install_cpu] torch 2.13.0, CPU build (about 200 MB)"
-  if pip install -c requirements/cpu-constraints.txt torch==2.13.0+cpu 2>/dev/null; then :
-  elif echo "[install_cpu] not in pip's configured sources; trying $TORCH_CPU_INDEX (TORCH_CPU_INDEX sets it)" &&
-       pip install --timeout 20 --retries 1 -c requirements/cpu-constraints.txt \
-         --extra-index-url "$TORCH_CPU_INDEX" torch==2.13.0+cpu 2>/dev/null; then :
-  else
-    echo "[install_cpu] no CPU build reachable: torch 2.13.0 as pip's sources have it (PyPI: the CUDA build, about 3 GB; it runs on a CPU)"
-    "$VENV/bin/python" -m pip --disable-pip-version-check install --progress-bar on \
-      -c requirements/cpu-constraints.txt torch==2.13.0
+  if ! pip install -c requirements/cpu-constraints.txt torch==2.13.0+cpu 2>/dev/null; then
+    echo "[install_cpu] not in pip's configured sources; trying $TORCH_CPU_INDEX (TORCH_CPU_INDEX sets it)"
+    if ! pip install --timeout 20 --retries 1 -c requirements/cpu-constraints.txt \
+        --extra-index-url "$TORCH_CPU_INDEX" torch==2.13.0+cpu 2>/dev/null; then
+      echo "[install_cpu] no CPU build reachable: torch 2.13.0 as pip's sources have it (PyPI: the CUDA build, about 3 GB; it runs on a CPU)"
+      "$VENV/bin/python" -m pip --disable-pip-version-check install --progress-bar on \
+        -c requirements/cpu-constraints.txt torch==2.13.0
+    fi
   fi
 fi
 "$VENV/bin/python" -W ignore -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else "the CPU profile needs torch 2.13.0, found " + torch.__version__)'

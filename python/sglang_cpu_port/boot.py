@@ -12,12 +12,13 @@ modules import, in every process it spawns, which is earlier than SGLang's plugi
   real ``sgl_kernel`` is installed.
 
 It also installs ``quiet``: filters for the warnings SGLang prints on every CPU start that only
-say the machine has no CUDA (see ``quiet.py``); on a CUDA build of torch none of this runs.
+say the machine has no CUDA (see ``quiet.py``).
 
 Only the CPU profile installs the ``.pth`` file, and the hook stays inert unless torch is a
 CPU build (``+cpu`` local version), the profile was installed over PyPI's CUDA build of torch (it
 then leaves the marker file ``FORCE_MARKER`` beside the ``.pth``), or ``SGLANG_GRAFT_CPU=1``;
-``SGLANG_GRAFT_CPU=0`` turns it off. It imports nothing heavy at start-up: torch is touched only when torchvision is imported.
+``SGLANG_GRAFT_CPU=0`` turns it off. It imports nothing heavy at start-up: torch is touched only
+when torchvision is imported.
 """
 
 from __future__ import annotations
