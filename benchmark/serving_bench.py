@@ -79,8 +79,8 @@ METHODS = {
     "GRAFT": ["--speculative-algorithm", "GRAFT"],  # the defaults a user gets
     "GRAFT-fixed": ["--speculative-algorithm", "GRAFT", "--speculative-graft-budget-mode", "fixed"],
     # the CUDA default (no host read in the step), served on this CPU
-    # the defaults as CUDA resolves them, forced on the CPU: sync-free steps (no plain steps, no ragged
-    # trees, no rate guard)
+    # the defaults as CUDA resolves them, forced on the CPU: sync-free steps (decisions from a step two
+    # calls old, no ragged trees, no rate guard)
     "GRAFT-cuda": ["--speculative-algorithm", "GRAFT", "--speculative-graft-sync-free", "on"],
 }
 

@@ -110,8 +110,8 @@ def methods(steps: int, topk: int, n: int) -> dict[str, Method]:
                steps, True, n),
         # what a user gets: only the algorithm and the head (steps 6, topk 4, N 16, cost-aware budget)
         Method("GRAFT", ("--speculative-algorithm", "GRAFT"), 6, True, 16),
-        # the same defaults as CUDA resolves them, forced on the CPU: sync-free steps (no plain steps,
-        # no ragged trees, no rate guard)
+        # the same defaults as CUDA resolves them, forced on the CPU: sync-free steps (decisions from a
+        # step two calls old, no ragged trees, no rate guard)
         Method("GRAFT-cuda", ("--speculative-algorithm", "GRAFT", "--speculative-graft-sync-free", "on"), 6, True, 16),
     ]}
 

@@ -65,7 +65,8 @@ def plain(x: Any, refs: dict | None = None) -> Any:
         return {"__type__": type(x).__name__,
                 **{f.name: plain(getattr(x, f.name), refs) for f in dataclasses.fields(x)}}
     if type(x).__name__ == "HostOutcome":  # a packed host array read through properties
-        return {"__type__": "HostOutcome", "packed": x.packed.copy(), "width": x.width}
+        return {"__type__": "HostOutcome", "packed": x.packed.copy(), "width": x.width,
+                "budgets": getattr(x, "budgets", None)}
     if isinstance(x, tuple) and hasattr(x, "_fields"):
         return {"__type__": type(x).__name__, **{k: plain(v, refs) for k, v in zip(x._fields, x)}}
     if isinstance(x, (list, tuple)):
@@ -78,16 +79,18 @@ def plain(x: Any, refs: dict | None = None) -> Any:
 
 
 def differences(a: Any, b: Any, where: str = "") -> list[str]:
-    """Where two plain values differ (tensors and arrays: exact dtype, shape and values)."""
+    """Where two plain values differ (tensors and arrays: exact dtype, shape and values; NaN equals NaN)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return [f"{where}: {type(a).__name__} vs {type(b).__name__}"]
-        if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+        same = a.dtype == b.dtype and a.shape == b.shape and (
+            torch.equal(a, b) or (a.is_floating_point() and bool(((a == b) | (a.isnan() & b.isnan())).all())))
+        if not same:
             return [f"{where}: tensor {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"]
         return []
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         same = isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype \
-            and a.shape == b.shape and np.array_equal(a, b)
+            and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
         return [] if same else [f"{where}: array differs"]
     if isinstance(a, dict) and isinstance(b, dict):
         out = [f"{where}.{k}: missing on one side" for k in sorted(set(a) ^ set(b), key=str)]
@@ -266,11 +269,14 @@ class Engine:
     the recording; ``added``: dataclass name -> fields today's class has and the recording lacks
     (left out of the comparison); ``timer_added``: fields the step timer's payload gained since
     the recording (compared on the recorded fields only): a recorded step gets the replay's own
-    values of them where it is the step the replay just timed, else these defaults."""
+    values of them where it is the step the replay just timed, else these defaults;
+    ``state_added``: counters of the stepper's final state the recording may lack (compared where
+    it has them)."""
 
     def __init__(self, make_retrieval: Callable, make_stepper: Callable, classes: dict, calls: dict | None = None,
                  results: dict | None = None, final_state: Callable | None = None,
-                 renames: dict | None = None, added: dict | None = None, timer_added: tuple = ()) -> None:
+                 renames: dict | None = None, added: dict | None = None, timer_added: tuple = (),
+                 state_added: tuple = ()) -> None:
         self.make_retrieval = make_retrieval
         self.make_stepper = make_stepper
         self.classes = classes
@@ -280,6 +286,7 @@ class Engine:
         self.renames = renames or {}
         self.added = added or {}
         self.timer_added = tuple(timer_added)
+        self.state_added = tuple(state_added)
 
 
 def _renamed(x: Any, renames: dict, drop: dict | None = None) -> Any:
@@ -291,6 +298,19 @@ def _renamed(x: Any, renames: dict, drop: dict | None = None) -> Any:
     if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
         return type(x)(_renamed(v, renames, drop) for v in x)
     return x
+
+
+def _as_recorded(got: Any, recorded: Any, added: dict) -> Any:
+    """``got`` without the ``added`` dataclass fields that ``recorded`` lacks (a recording made
+    before they existed); fields a newer recording has are compared."""
+    if isinstance(got, dict) and isinstance(recorded, dict):
+        gone = added.get(got.get("__type__"), ())
+        return {k: _as_recorded(v, recorded.get(k), added) for k, v in got.items()
+                if k not in gone or k in recorded}
+    if isinstance(got, (list, tuple)) and not hasattr(got, "_fields") and isinstance(recorded, (list, tuple)) \
+            and len(got) == len(recorded):
+        return type(got)(_as_recorded(g, r, added) for g, r in zip(got, recorded))
+    return got
 
 
 class _ReplayTimer:
@@ -363,7 +383,9 @@ def replay(events: list[dict], engine: Engine) -> dict:
             continue
         if call == "stepper.state":
             got = plain((engine.final_state or state)(live["stepper"]))
-            diffs += [f"event {i} {call}{d}" for d in differences(got, event["result"])]
+            recorded = event["result"]  # counters the recording has are compared, those added since are not
+            got = {k: v for k, v in got.items() if k in recorded or k not in engine.state_added}
+            diffs += [f"event {i} {call}{d}" for d in differences(got, recorded)]
             continue
         owner, method = call.split(".", 1)
         if call == "retrieval.__init__":
@@ -388,8 +410,8 @@ def replay(events: list[dict], engine: Engine) -> dict:
             break
         calls += 1
         if method in _NAMED_RESULTS and result is not None:
-            got = _renamed(plain(result, {id(v): k for k, v in live.items() if k not in ("plan", "step")}), {},
-                           engine.added)
+            got = _as_recorded(plain(result, {id(v): k for k, v in live.items() if k not in ("plan", "step")}),
+                               event["result"], engine.added)
             live[_NAMED_RESULTS[method]] = result
             diffs += [f"event {i} {call}{d}" for d in differences(got, event["result"])]
             continue
@@ -397,8 +419,8 @@ def replay(events: list[dict], engine: Engine) -> dict:
             live["ring"] = result
             continue
         translate = engine.results.get(call)
-        got = _renamed(plain(translate(result) if translate else result, {id(v): k for k, v in live.items()}), {},
-                       engine.added)
+        got = _as_recorded(plain(translate(result) if translate else result, {id(v): k for k, v in live.items()}),
+                           event["result"], engine.added)
         diffs += [f"event {i} {call}{d}" for d in differences(got, event["result"])]
         if len(diffs) > 20:
             break

@@ -143,8 +143,8 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     under concurrency (requests joining and leaving every few steps), sampling completes, retrieval
     re-rooted on the device still gets tokens accepted, each response carries its per-request counts,
     and GRAFT's code reads no tensor value on the host in any worker call (SGLang's own reads counted
-    apart). Step costs pinned: the draft
-    passes asserted do not depend on how loaded the machine is."""
+    apart), plain steps included. Step costs pinned: the draft passes and plain steps asserted do
+    not depend on how loaded the machine is."""
     ids, ref = reference
     env = {**COUNT_READS, **pinned_env(tmp_path / "pinned")}
     with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-sync-free", "on"),
@@ -174,9 +174,13 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     assert reads["sglang"] + reads["cpu_kernels"] > 0  # the counter was on (SGLang's CPU step reads values)
     economy = graft["economy"]
     assert economy["steps"] > 50 and economy["mean_draft_passes"] < 2
-    assert economy["plain_steps"] == 0  # sync-free steps are never decided plain (yet)
-    check = economy["expected_vs_committed"]  # from the lagged entries: all but the newest steps
-    assert economy["steps"] - 4 <= check["steps"] <= economy["steps"] and check["committed_per_step"] >= 1.0, check
+    # plain steps, decided from the lagged valuations, only in batches (the single requests above
+    # had none: plain steps are batched by default), token-exact like the rest
+    plain = economy["plain_steps"]
+    assert plain > 0, economy
+    check = economy["expected_vs_committed"]  # from the lagged speculative entries: all but the newest steps
+    assert economy["steps"] - plain - 4 <= check["steps"] <= economy["steps"] - plain, check
+    assert check["committed_per_step"] >= 1.0, check
     assert graft["accepted_retrieved_tokens"] > 0  # re-rooted retrieval is accepted (the tiny head rarely is)
     # the server's counters read the lagged entries (the newest steps not yet); responses count every step
     reported = sum(o["meta_info"]["graft_retrieved_accepted"] for o in outs + concurrent + sampled)

@@ -566,7 +566,8 @@ def test_batched_plain_steps_are_decided_in_batches_only():
 
 
 def test_no_plain_step_where_plain_steps_cannot_be_decided():
-    """Plain steps off, fixed budget, sync-free, or no budget of 1: never plain."""
+    """Plain steps off, fixed budget, or no budget of 1: never plain (sync-free steps may be:
+    ``test_sync_free.py``)."""
     costs = {1: 1.0, 2: 5.0, 8: 40.0}
     for s in (_stepper("cost", topk=1, plain_steps="off"),
               _stepper("cost", topk=1, budgets=(2, 4, 8), plain_steps="on")):
@@ -574,10 +575,6 @@ def test_no_plain_step_where_plain_steps_cannot_be_decided():
         assert not s.may_plain and s.plain_plan(*_first_level_step(s, draft_p=0.01)) is None
     fixed = _stepper("fixed", budgets=(8,), plain_steps="on")
     assert not fixed.may_plain and fixed.plain_plan(*_first_level_step(fixed, draft_p=0.01)) is None
-    sync_free = _stepper("cost", topk=1, plain_steps="on")
-    assert sync_free.may_plain
-    sync_free.sync_free = True
-    assert not sync_free.may_plain
 
 
 def test_a_plain_step_is_priced_and_measured_without_retrieval_or_tree_work():

@@ -8,6 +8,8 @@ same calibration and cost model after every step; a refactor that changes any de
 The traces were re-recorded when the cost model began to price context and take medians, and when
 plain steps came to be decided after retrieval from the draft's first level (intended changes of
 decisions); plain steps (``plain_plan``, on in the two cost-aware traces) are among the recorded calls.
+The sync-free trace was re-recorded when its steps came to choose draft passes, budget and plain
+steps jointly from the lagged step's valuation by draft depth (an intended change; it has plain steps).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from step_trace import Engine, load, replay, state
+from step_trace import Engine, load, replay
 
 TRACES = sorted((Path(__file__).resolve().parent / "data" / "step_traces").glob("*.pt.gz"))
 
@@ -35,11 +37,19 @@ def _config(**fields):
 def _engine() -> Engine:
     from sglang_graft.engine.lagged import LaggedEntry
     from sglang_graft.engine.outcome import HostOutcome, StepOutcome
+    from sglang_graft.engine.plans import PlainPlan
     from sglang_graft.engine.retrieval_state import GraftRetrieval
     from sglang_graft.engine.step import GraftStepper
     from sglang_graft.tree import DraftPool, RetrievalProposals
 
-    return Engine(make_retrieval=GraftRetrieval, make_stepper=GraftStepper,
+    def end_step(live, plan, *args, **kwargs):
+        """The step's end, after what the worker's verify of a plain step sets (``_commit_plain``:
+        one token per request), which the replay does not run (recorded since sync-free plain steps)."""
+        if isinstance(plan, PlainPlan) and plan.committed is None:
+            plan.committed = len(plan.rids)
+        return live["stepper"].end_step(plan, *args, **kwargs)
+
+    return Engine(make_retrieval=GraftRetrieval, make_stepper=GraftStepper, calls={"stepper.end_step": end_step},
                   classes={"GraftConfig": _config, "DraftPool": DraftPool, "RetrievalProposals": RetrievalProposals,
                            "LaggedEntry": LaggedEntry, "HostOutcome": HostOutcome, "StepOutcome": StepOutcome},
                   # the rate guard's inputs, recorded after these traces: a plan's committed tokens (set by
@@ -47,11 +57,12 @@ def _engine() -> Engine:
                   # whether a timed step explored (replayed as not: the guard never judges a bucket here,
                   # whose steps commit no tokens)
                   # and a ragged step's tree width and rows (recorded before ragged steps: uniform trees)
-                  added={"StepPlan": ("committed", "width", "rows"), "PlainPlan": ("guarded", "committed")},
+                  # and the sync-free valuation by draft depth and the joint choice (recorded in tree-sync-free)
+                  added={"StepPlan": ("committed", "width", "rows", "planned_k", "planned_plain", "depth_rows"),
+                         "PlainPlan": ("guarded", "committed", "depth_rows")},
                   timer_added=(None, False),
                   # counters added after the traces: the rate guard's steps, ragged steps' rows and slots
-                  final_state=lambda stepper: {k: v for k, v in state(stepper).items()
-                                               if k not in ("guarded_steps", "verify_rows", "verify_slots")})
+                  state_added=("guarded_steps", "verify_rows", "verify_slots"))
 
 
 def test_traces_are_present():

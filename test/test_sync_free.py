@@ -134,18 +134,70 @@ def _stepper(**cfg) -> GraftStepper:
     return s
 
 
-def _lagged(s: GraftStepper, levels_used: list[int], expected: list[list[float]]) -> None:
-    """A decode step two calls old whose stats say ``levels_used`` / ``expected`` per request."""
+def _lagged(s: GraftStepper, by_depth: list[list[list[float]]], plain: bool = False) -> None:
+    """A decode step two calls old whose valuation (``GraftStepper.depth_rows``) is ``by_depth``
+    ``[bs, num_steps, K]`` (NaN: not valued)."""
     ring = s.retrieval.ring
-    bs = len(levels_used)
+    rows = torch.tensor(by_depth, dtype=torch.float64)
+    bs = rows.shape[0]
     zeros = torch.zeros(bs, dtype=torch.int64)
     outcome = StepOutcome(torch.ones((bs, 1), dtype=torch.int64), torch.ones(bs, dtype=torch.int64), stage=zeros,
-                          retrieved=zeros, drafted=zeros, proposed=zeros, levels_used=torch.tensor(levels_used),
-                          expected=torch.tensor(expected, dtype=torch.float64))
+                          retrieved=zeros, drafted=zeros, proposed=zeros, levels_used=zeros,
+                          expected=rows[:, 0], by_depth=rows)
     ring.begin_call()
-    ring.record([f"old{i}" for i in range(bs)], torch.arange(bs) + 4, outcome, passes=2, num_nodes=8)
+    ring.record([f"old{i}" for i in range(bs)], torch.arange(bs) + 4, outcome, passes=2, num_nodes=8, plain=plain)
     ring.begin_call()
     s.observe(ring.begin_call().entries)
+
+
+NAN = float("nan")
+
+
+def _pin_costs(s: GraftStepper, pass_s: float, verify_s: dict, plain_s: float) -> None:
+    """Step seconds as ``StepCost.step`` would predict them from these measurements (no fixed part)."""
+    def step(*, bs, num_nodes, passes, plain=False, context=0):
+        return plain_s if plain else passes * pass_s + verify_s[num_nodes]
+
+    s.cost.step = step
+
+
+def test_the_joint_choice_follows_the_worked_example():
+    """``lagged_choice``'s docstring example: one pass, ``N = 4``; the rows' estimated depth and a
+    plain step are among the options, and a step of one request is never plain (``batched``)."""
+    s = _stepper(plain_steps="batched")
+    _pin_costs(s, 0.010, {1: 0.038, 2: 0.040, 4: 0.045, 8: 0.055}, plain_s=0.035)
+    s.num_steps = 4
+    example = [[1.0, 1.6, 2.1, 2.3], [1.0, 2.0, 2.9, 3.4], [1.0, 2.1, 3.0, 3.6], [1.0, 2.1, 3.0, 3.65]]
+    _lagged(s, [example] * 3)
+    assert s.lagged_choice(4, 0, None) == (1, 2, False)
+    # a retrieved chain the newest step expects much of at N 8 without a draft: no pass
+    _lagged(s, [[[1.0, 1.9, 2.9, 4.5], [1.0, 2.0, 3.0, 4.6], [NAN] * 4, [NAN] * 4]])
+    assert s.lagged_choice(4, 0, None) == (0, 3, False)
+    # nothing expected beyond the root: plain at bs 2, N = 1 speculative at bs 1 (batched)
+    _lagged(s, [[[1.0, 1.01, 1.01, 1.01], [1.0, 1.02, 1.02, 1.02], [NAN] * 4, [NAN] * 4]], plain=True)
+    assert s.lagged_choice(2, 0, None) == (0, 0, True)
+    assert s.lagged_choice(1, 0, None) == (0, 0, False)
+    # the estimated row makes a deeper draft pay: two passes where the known step ran one
+    _lagged(s, [[[1.0, 1.5, 1.6, 1.6], [1.0, 1.9, 2.6, 2.7], [1.0, 2.0, 3.9, 5.5], [NAN] * 4]])
+    assert s.lagged_choice(2, 0, None) == (2, 3, False)
+    # exploring steps: every pass, the budget they measure; plain for N = 1 where allowed
+    assert s.lagged_choice(2, 0, 2) == (3, 2, False) and s.lagged_choice(2, 0, 0) == (3, 0, True)
+    assert s.lagged_choice(1, 0, 0) == (3, 0, False)
+
+
+def test_the_choice_prices_the_batch_it_is_for():
+    """The newest step's per-request mean, scaled to this batch, against this batch's costs: the
+    same record makes a big, cheap-to-verify batch speculate and a batch whose wide verifies cost
+    much take plain steps."""
+    s = _stepper(plain_steps="batched")
+    s.num_steps = 3
+    rows = [[[1.0, 1.4, 1.6, 1.7], [1.0, 1.5, 1.8, 2.0], [NAN] * 4]]
+    _lagged(s, rows * 2)
+    flat = {1: 0.030, 2: 0.030, 4: 0.031, 8: 0.032}
+    _pin_costs(s, 0.002, flat, plain_s=0.029)
+    assert s.lagged_choice(8, 0, None) == (1, 3, False)
+    _pin_costs(s, 0.002, {1: 0.030, 2: 0.045, 4: 0.060, 8: 0.090}, plain_s=0.029)
+    assert s.lagged_choice(8, 0, None) == (0, 0, True)
 
 
 def test_sync_free_decisions_come_from_the_lagged_step_and_read_nothing():
@@ -155,14 +207,16 @@ def test_sync_free_decisions_come_from_the_lagged_step_and_read_nothing():
     ring = s.retrieval.ring
     pool_idx = torch.tensor([0, 1])
     ring.record(["a", "b"], pool_idx, StepOutcome(torch.tensor([[3], [7]]), torch.ones(2, dtype=torch.int64)))
-    # the newest known step used one draft level and expects ~4 tokens from budget 8: one draft
-    # pass (two levels), budget 8
-    _lagged(s, [1, 0], [[1.0, 1.9, 2.6, 4.0], [1.0, 1.8, 2.5, 4.0]])
+    # the newest known step expects ~4 tokens from budget 8 after one draft pass, little at depth 0
+    # and nothing more at depth 2: one draft pass (two levels), budget 8
+    one_pass = [[1.0, 1.3, 1.5, 1.6], [1.0, 1.9, 2.6, 4.0], [1.0, 1.9, 2.6, 4.0]]
+    _lagged(s, [one_pass, one_pass])
     pools = [random_pool(2, 2, depth, 30, seed=3) for depth in (1, 2, 3)]
     with HostReadCounter() as reads:
         s.timer.begin()
         plan = s.begin(["a", "b"], torch.tensor([3, 7]), ring.pending(pool_idx))
-        assert plan.planned_passes == 1
+        assert (plan.planned_passes, plan.planned_k, plan.planned_plain) == (1, 3, False)
+        assert not s.considers_plain(plan)
         assert s.keep_drafting(plan, pools[0]) and not s.keep_drafting(plan, pools[1])
         step = s.build(plan, pools[1], torch.tensor([5, 9]))
         bins = s.node_bins(plan, pools[1], step)
@@ -171,13 +225,49 @@ def test_sync_free_decisions_come_from_the_lagged_step_and_read_nothing():
         s.end_step(plan, bs=2)
     assert reads.total("sglang_graft") == 0, reads.sites
     assert plan.num_nodes == 8 and plan.expected_rows.shape == (2, 4) and used.shape == (2,)
-    # nothing is expected beyond the root: no draft pass, budget 1
-    _lagged(s, [0, 0], [[1.0, 1.0, 1.01, 1.01]] * 2)
-    plan = s.begin(["a", "b"], torch.tensor([3, 7]), ring.pending(pool_idx))
-    assert plan.planned_passes == 0 and not s.keep_drafting(plan, pools[0])
-    s.build(plan, pools[0], torch.tensor([5, 9]))
-    assert plan.num_nodes == 1
-    assert not s.may_plain and s.plain_plan(plan, pools[0]) is None  # sync-free steps are never plain
+    # the step's own valuation for the next: depths 0 and 1 as drafted, 2 estimated
+    rows = plan.depth_rows
+    assert rows.shape == (2, 3, 4) and not rows.isnan().any()
+    assert torch.equal(rows[:, 1], plan.expected_rows)
+    assert (rows[:, 0] <= rows[:, 1] + 1e-6).all() and (rows[:, 1] <= rows[:, 2] + 1e-6).all()
+    assert (rows[:, :, 0] == 1.0).all()
+    # nothing is expected beyond the root: a plain step (bs 2), valued at the draft's first level
+    _lagged(s, [[[1.0, 1.0, 1.01, 1.01], [1.0, 1.0, 1.01, 1.01], [NAN] * 4]] * 2)
+    with HostReadCounter() as reads:
+        plan = s.begin(["a", "b"], torch.tensor([3, 7]), ring.pending(pool_idx))
+        assert plan.planned_plain and s.considers_plain(plan)
+        plain = s.plain_plan(plan, pools[0])
+    assert reads.total("sglang_graft") == 0, reads.sites
+    assert plain is not None and plain.depth_rows.shape == (2, 3, 4)
+    assert not plain.depth_rows[:, :2].isnan().any() and plain.depth_rows[:, 2].isnan().all()
+    s.sync_free = False  # the same depth-0 valuation a synchronous plain step makes
+    now, later = s._expectations(plan, pools[0])
+    assert plain.depth_rows[:, 0].sum(0).tolist() == pytest.approx(now)
+    if later is not None:
+        assert plain.depth_rows[:, 1].sum(0).tolist() == pytest.approx(later)
+
+
+def test_a_plain_steps_record_reads_back_for_the_next_decision():
+    """The ring carries a plain step's valuation: the next step reads it (and does not count the
+    plain step's expectation against its commits)."""
+    s = _stepper()
+    rows = torch.tensor([[[1.0, 1.2, 1.3, 1.3], [1.0, 1.4, 1.9, 2.2], [NAN] * 4]] * 2, dtype=torch.float64)
+    ones = torch.ones(2, dtype=torch.int64)
+    zeros = torch.zeros(2, dtype=torch.int64)
+    outcome = StepOutcome(torch.tensor([[3], [7]]), ones, stage=zeros, retrieved=zeros, drafted=zeros,
+                          proposed=zeros, levels_used=zeros, expected=rows[:, 0], by_depth=rows)
+    ring = s.retrieval.ring
+    ring.begin_call()
+    ring.record(["a", "b"], torch.tensor([0, 1]), outcome, num_nodes=1, plain=True)
+    ring.begin_call()
+    entries = ring.begin_call().entries
+    host = entries[0].outcome
+    assert entries[0].plain and host.expected.shape == (2, 4) and host.by_depth.shape == (2, 3, 4)
+    np.testing.assert_array_equal(host.by_depth, rows.numpy())
+    np.testing.assert_array_equal(host.expected, rows[:, 0].numpy())
+    checked = s.stats.checked_steps
+    s.observe(entries)
+    assert s.lagged is entries[0] and s.stats.checked_steps == checked
 
 
 def _levels(pool: DraftPool, levels: int) -> DraftPool:

@@ -230,8 +230,8 @@ _FLAGS: dict[str, dict[str, Any]] = {
                         "draft's first level, budget 1 priced as a plain decode step pays best and no draft pass "
                         "would, the step is a plain decode step (the roots verified alone; no draft pass, tree or "
                         "feed). batched: in batches of 2 or more requests (on the tuning prompts under load "
-                        "faster than off; at batch 1 it was not); on: in every batch; off: never. Not in "
-                        "sync-free mode."),
+                        "faster than off; at batch 1 it was not); on: in every batch; off: never. Sync-free steps "
+                        "decide it with their draft depth and budget from the valuation of a step two calls old."),
     "draft_lag": dict(type=int, help="Plain steps skip SGLang's draft extend and keep the committed token and its "
                       "target hidden state instead; the draft catches up on them in one extend, in a later plain "
                       "step: the one before the step speculates again, or one whose requests are this many steps "
@@ -262,13 +262,14 @@ def flag_name(name: str) -> str:
 
 # The flags by who needs them (the --help groups and docs/flags.md's tables, checked by a test).
 FLAG_GROUPS: dict[str, tuple[str, ...]] = {
-    "production: the flags that matter on a GPU": ("source", "budget_mode", "budgets", "sync_free", "tp_check",
-                                                   "recycle_scope", "context_cap", "store_memory_mb", "graph"),
+    "production: the flags that matter on a GPU": ("source", "budget_mode", "budgets", "sync_free", "plain_steps",
+                                                   "tp_check", "recycle_scope", "context_cap", "store_memory_mb",
+                                                   "graph"),
     "algorithm tuning (defaults chosen on the tune split)": (
         "checkpoint_depths", "thresholds", "keep_fractions", "min_retrieval_slots", "placement",
         "retrieval_max_depth", "sam_min_match", "recycle_k", "recycle_widths", "auto_match_threshold",
         "skip_draft_tokens"),
-    "steps a CPU takes (off with sync-free steps, so off on CUDA by default)": ("plain_steps", "ragged", "draft_lag"),
+    "steps a CPU takes (off with sync-free steps, so off on CUDA by default)": ("ragged", "draft_lag"),
     "testing and diagnostics": ("per_step_metrics",),
 }
 

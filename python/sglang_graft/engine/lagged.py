@@ -45,6 +45,7 @@ class LaggedEntry:
     outcome: HostOutcome  # a prefill's: tokens and lengths only (``outcome.stage is None``)
     passes: int = 0  # draft passes the step ran
     num_nodes: int = 0  # its verify budget
+    plain: bool = False  # a plain step (its outcome: one token per request and its valuation)
 
 
 @dataclass
@@ -92,7 +93,7 @@ class CommitRing:
         return self.path[pool_idx], self.path_len[pool_idx]
 
     def record(self, rids: Sequence[Hashable], pool_idx: torch.Tensor, outcome: StepOutcome, passes: int = 0,
-               num_nodes: int = 0) -> LaggedEntry:
+               num_nodes: int = 0, plain: bool = False) -> LaggedEntry:
         """The call's committed ``outcome.tokens [bs, w]`` (``w <= W``, the front ``outcome.lengths``
         of each row) become the requests' pending paths; the outcome's host copy is enqueued (no
         wait)."""
@@ -103,7 +104,7 @@ class CommitRing:
         outcome = dataclasses.replace(outcome, tokens=tokens, lengths=outcome.lengths.to(torch.int64))
         self.path[pool_idx] = tokens
         self.path_len[pool_idx] = outcome.lengths
-        entry = LaggedEntry(self.call, list(rids), outcome.to_host(blocking=False), passes, num_nodes)
+        entry = LaggedEntry(self.call, list(rids), outcome.to_host(blocking=False), passes, num_nodes, plain)
         for row, rid in enumerate(rids):
             previous = self._newest.get(rid)
             if previous is not None:

@@ -36,6 +36,10 @@ class StepPlan:
     explore: bool = False
     explore_k: Optional[int] = None  # exploring steps: the index of the budget this step measures
     planned_passes: Optional[int] = None  # sync-free: draft passes decided before the draft
+    planned_k: Optional[int] = None  # sync-free: the budget's index, decided with them
+    planned_plain: Optional[bool] = None  # sync-free: decided plain with them
+    # sync-free: [bs, num_steps, budgets] expected tokens per budget and draft depth (GraftStepper.depth_rows)
+    depth_rows: Optional[torch.Tensor] = None
     expected_rows: Optional[torch.Tensor] = None  # [bs, budgets] expected tokens per budget (cost mode)
     expected: Optional[float] = None  # host: the batch's expected tokens at the chosen budget (not sync-free)
     context: int = 0  # host: tokens of context in the batch (sum over its requests), which the cost model prices
@@ -53,11 +57,11 @@ class StepPlan:
 @dataclass
 class PlainPlan:
     """A decode step decided plain (:meth:`GraftStepper.plain_plan`, after retrieval's proposals
-    and the draft's first level are valued): the target verifies each request's root alone
-    (``N = 1``, a decode step), with no draft pass and no tree. The draft extend over the
-    committed token is deferred, or catches the draft up on deferred ones
-    (:mod:`sglang_graft.engine.draft_lag`), so that a speculative step drafts from a complete
-    draft state."""
+    and the draft's first level are valued; sync-free, :meth:`GraftStepper.lagged_choice`): the
+    target verifies each request's root alone (``N = 1``, a decode step), with no draft pass and no
+    tree. The draft extend over the committed token is deferred, or catches the draft up on
+    deferred ones (:mod:`sglang_graft.engine.draft_lag`), so that a speculative step drafts from a
+    complete draft state."""
 
     rids: list
     explore: bool = False
@@ -66,6 +70,8 @@ class PlainPlan:
     context: int = 0  # host: tokens of context in the batch
     guarded: bool = False  # plain because speculation realized fewer tokens per second (RateGuard)
     committed: Optional[int] = None  # host: tokens the step committed (one per request), once known
+    # sync-free: the step's valuation at the draft's first level (GraftStepper.depth_rows), for the next steps
+    depth_rows: Optional[torch.Tensor] = None
 
     def priced_budget(self, budgets) -> int:
         """The budget whose cost cell this step's time measures: 1."""

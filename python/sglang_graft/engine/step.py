@@ -20,11 +20,13 @@ The worker (``sglang_graft.sglang.worker``) adapts SGLang's objects to these cal
 the published per-stage draft / retrieval split.
 
 Sync-free steps (``--speculative-graft-sync-free``) take the same decisions without reading the
-device: the draft depth and the budget come from the newest step whose results are on the host
-(two worker calls old, :meth:`GraftStepper.observe`), and proposals are re-rooted on the device.
-The draft depth: as many passes as that step's tree used draft levels, i.e. one level deeper than
-it used (a step that used 2 levels of 3 drafted makes the next run 2 passes: 3 levels); the budget:
-its per-request expected tokens of every budget, scaled to this batch, against the cost model.
+device: every step records, per request, its expected tokens of every budget at every draft depth
+it drafted and one level deeper, estimated (:meth:`GraftStepper.depth_rows`, read on the host two
+worker calls later, :meth:`GraftStepper.observe`), and the next step chooses its draft passes, its
+budget, or a plain step, jointly from the newest such record scaled to its batch, by expected
+tokens per predicted second (:meth:`GraftStepper.lagged_choice`); proposals are re-rooted on the
+device. A plain step records its valuation at the draft's first level, so a run of plain steps
+ends when a speculative one would pay again.
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ class GraftStepper:
                         stage=torch.full((bs,), len(self.checkpoints), dtype=torch.int64, device=root_tokens.device),
                         explore=explore, explore_k=explore_k, context=context)
         if self.sync_free:
-            plan.planned_passes = self._planned_passes(explore)
+            plan.planned_passes, plan.planned_k, plan.planned_plain = self.lagged_choice(bs, context, explore_k)
         return plan
 
     def observe(self, entries: Sequence[LaggedEntry]) -> None:
@@ -166,16 +168,49 @@ class GraftStepper:
         for entry in entries:
             if entry.outcome.stage is not None:  # a decode step (a prefill's entry is its sampled token)
                 self.lagged = entry
-                if self.cost_aware and entry.num_nodes in self.budgets:
+                if self.cost_aware and not entry.plain and entry.num_nodes in self.budgets:
                     k = self.budgets.index(entry.num_nodes)
                     self.stats.check(float(entry.outcome.expected[:, k].sum()), int(entry.outcome.lengths.sum()))
 
-    def _planned_passes(self, explore: bool) -> int:
-        """Sync-free draft passes of this step: one level deeper than the newest known step's trees
-        used (all while nothing is known yet, on exploring steps and with the fixed budget)."""
-        if not self.cost_aware or explore or self.lagged is None:
-            return self.num_steps - 1
-        return min(self.num_steps - 1, int(self.lagged.outcome.levels_used.max()))
+    def lagged_choice(self, bs: int, context: int, explore_k: Optional[int]) -> tuple[int, int, bool]:
+        """Sync-free: ``(draft passes, budget index, plain)`` of a step of ``bs`` requests over
+        ``context`` tokens, from the newest known step's :meth:`depth_rows` (its per-request mean,
+        times ``bs``): the passes ``d`` and budget ``N`` with the most expected tokens per predicted
+        second (``StepCost.step``), against a plain step (``bs`` tokens at a plain step's price)
+        where plain steps are allowed. Ties go to fewer passes, then the smaller budget; every
+        rank reads the same record and the same published costs, so decides the same.
+
+        Exploring steps draft every level (refreshing every depth's row) and verify the budget they
+        measure (plain for ``N = 1`` where a plain step is allowed); the fixed budget, and a step
+        with nothing known yet, draft every level at the largest budget.
+
+        Example: budgets 1 / 2 / 4 / 8, bs 4, the known step (2 passes) expects per request 1.6 /
+        2.1 / 2.3 tokens at ``N`` 2 / 4 / 8 with 0 passes, 2.0 / 2.9 / 3.4 with 1, 2.1 / 3.0 / 3.6
+        with 2 and 2.1 / 3.0 / 3.65 with 3 (estimated). With a draft pass of 10 ms, verifies of 38 /
+        40 / 45 / 55 ms and a plain step of 35 ms, tokens per second: plain 114; 0 passes ``N`` 4
+        187; 1 pass ``N`` 4 211, ``N`` 8 209; 2 passes ``N`` 8 192: one pass, ``N = 4``.
+        """
+        last = len(self.budgets) - 1
+        if not self.cost_aware:
+            return self.num_steps - 1, last, False
+        plain_ok = self._plain_allowed(bs)
+        if explore_k is not None:
+            return self.num_steps - 1, explore_k, explore_k == 0 and plain_ok
+        rows = None if self.lagged is None else self.lagged.outcome.by_depth
+        if rows is None:
+            return self.num_steps - 1, last, False
+        per_request = rows.mean(axis=0)  # [num_steps, K], NaN at depths the known step did not value
+        best, choice = -1.0, (self.num_steps - 1, last, False)
+        if plain_ok:
+            best, choice = bs / self.cost.step(bs=bs, num_nodes=1, passes=0, plain=True, context=context), (0, 0, True)
+        for d, row in enumerate(per_request.tolist()):
+            if row[0] != row[0]:  # NaN: not valued
+                continue
+            for k, (e, n) in enumerate(zip(row, self.budgets)):
+                rate = e * bs / self.cost.step(bs=bs, num_nodes=n, passes=d, context=context)
+                if rate > best * (1 + 1e-9):
+                    best, choice = rate, (d, k, False)
+        return choice
 
     # -- 2. during the draft ---------------------------------------------------------------------
     def keep_drafting(self, plan: StepPlan, pool: DraftPool) -> bool:
@@ -245,19 +280,28 @@ class GraftStepper:
 
     def _expectations(self, plan: StepPlan, pool: DraftPool) -> tuple[list, Optional[list]]:
         """Expected tokens of the batch per budget with the levels drafted so far, and with one
-        more (``None`` when no request is alive: none drafts deeper). One host read.
+        more (``None`` when no request is alive: none drafts deeper). One host read."""
+        alive, now, later = self._with_next_level(plan, pool, self._draft_values(plan, pool))
+        k = len(self.budgets)
+        host = torch.cat([alive.any().float()[None], self._batch_expected(now), self._batch_expected(later)]).tolist()
+        return host[1: 1 + k], (host[1 + k:] if host[0] else None)
 
-        The next level, estimated: the ``topk`` beams of the current depth each get one child
-        (siblings are exclusive, so a beam's best child stands for all of them), whose draft
-        probability given the beam is taken to be the beam's own given its parent (a draft that
-        was sure of the beam tends to be sure of its child); the child's value is the calibrated
-        probability of that path score, never above the beam's.
+    def _with_next_level(self, plan: StepPlan, pool: DraftPool, values: torch.Tensor):
+        """``(alive [bs] bool, now [bs, C], later [bs, C + topk])``: whether a request may still
+        keep draft nodes (not served by a confident retrieval, its pruning stage keeps some), the
+        values of the union with the drafted levels (``values``: :meth:`_draft_values`), and with
+        the next level estimated for the alive requests.
+
+        The next level: the ``topk`` beams of the current depth each get one child (siblings are
+        exclusive, so a beam's best child stands for all of them), whose draft probability given
+        the beam is taken to be the beam's own given its parent (a draft that was sure of the beam
+        tends to be sure of its child); the child's value is the calibrated probability of that
+        path score, never above the beam's.
 
         Example: a beam of path score 0.6 whose parent scored 0.8 (0.75 given the parent) gets a
         child of path score 0.45, worth the calibrated acceptance of the 0.45 bin.
         """
         alive = ~plan.retrieval_confident & self._may_keep_draft[plan.stage]
-        values = self._draft_values(plan, pool)
         now = self._union_values(plan, pool, values)
         parent_scores = torch.where(pool.parents >= 0, pool.scores.gather(1, pool.parents.clamp(min=0)), 1.0)
         given_parent = (pool.scores / parent_scores.clamp(min=1e-12)).clamp(max=1.0)
@@ -265,9 +309,27 @@ class GraftStepper:
         at_depth = torch.where(pool.depths == pool.num_steps - 1, torch.minimum(child, values), 0.0)
         beams = torch.topk(at_depth, min(self.topk, at_depth.shape[1]), dim=1).values
         later = torch.cat([now, torch.where(alive[:, None], beams, 0.0)], dim=1)
-        k = len(self.budgets)
-        host = torch.cat([alive.any().float()[None], self._batch_expected(now), self._batch_expected(later)]).tolist()
-        return host[1: 1 + k], (host[1 + k:] if host[0] else None)
+        return alive, now, later
+
+    def depth_rows(self, plan: StepPlan, pool: DraftPool, values: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Sync-free, recorded with every step for the next ones' :meth:`lagged_choice`:
+        ``[bs, num_steps, K]`` each request's expected tokens per budget when the draft stops at
+        depth ``d`` (row ``d``: a step of ``d`` passes), valued as drafted for the levels ``pool``
+        holds, estimated one level deeper (:meth:`_with_next_level`), NaN below. No host read.
+
+        Example: ``num_steps`` 4, a step of 1 pass (``pool`` holds depths 0 and 1): rows 0 and 1
+        valued, row 2 estimated, row 3 NaN."""
+        bs, levels = len(plan.rids), pool.num_steps
+        values = self._draft_values(plan, pool) if values is None else values
+        rows = torch.full((bs, self.num_steps, len(self.budgets)), float("nan"), device=values.device)
+        for d in range(levels - 1):
+            shallow = torch.where(pool.depths <= d, values, 0.0)
+            rows[:, d] = expected_tokens(self._union_values(plan, pool, shallow), self.budgets)
+        _, now, later = self._with_next_level(plan, pool, values)
+        rows[:, levels - 1] = expected_tokens(now, self.budgets)
+        if levels < self.num_steps:
+            rows[:, levels] = expected_tokens(later, self.budgets)
+        return rows
 
     def _batch_expected(self, values: torch.Tensor) -> torch.Tensor:
         """``[K]`` the batch's expected tokens per budget from node values ``[bs, C]``: each request's
@@ -291,12 +353,18 @@ class GraftStepper:
     # -- 2'. a plain step: N = 1 before any draft pass ---------------------------------------------
     @property
     def may_plain(self) -> bool:
-        """Whether :meth:`plain_plan` can decide a step plain: cost mode with plain steps on
-        (``--speculative-graft-plain-steps`` batched or on), 1 among the budgets, and not sync-free (whose
-        decisions take the newest known step's expectations, so a plain step would measure
-        nothing that could end a run of them)."""
-        return (self.cost_aware and self.cfg.plain_steps != "off" and not self.sync_free
-                and self.budgets[0] == 1)
+        """Whether a step can be plain: cost mode with plain steps on (``--speculative-graft-plain-steps``
+        batched or on) and 1 among the budgets."""
+        return self.cost_aware and self.cfg.plain_steps != "off" and self.budgets[0] == 1
+
+    def _plain_allowed(self, bs: int) -> bool:
+        """Whether a step of ``bs`` requests may be plain (``batched``: never a batch of one)."""
+        return self.may_plain and not (self.cfg.plain_steps == "batched" and bs < 2)
+
+    def considers_plain(self, plan: StepPlan) -> bool:
+        """Whether the worker asks :meth:`plain_plan` (with the draft's first level) for this step:
+        whenever a step may be plain, or for a sync-free step, when :meth:`lagged_choice` made it plain."""
+        return self.may_plain and (not self.sync_free or plan.planned_plain)
 
     def plain_plan(self, plan: StepPlan, pool: DraftPool) -> Optional[PlainPlan]:
         """Whether this step is plain (a :class:`PlainPlan`: the roots verified alone, no draft
@@ -319,7 +387,12 @@ class GraftStepper:
         that carries a retrieved chain of calibrated value 0.9 speculates, wherever the steps
         before it stood.
         """
-        if not self.may_plain or (self.cfg.plain_steps == "batched" and len(plan.rids) < 2):
+        if self.sync_free:  # decided before the draft (lagged_choice); valued here for the steps after it
+            if not plan.planned_plain:
+                return None
+            self._check_levels(plan, pool, pool.num_steps - 1)
+            return PlainPlan(plan.rids, explore=plan.explore, context=plan.context, depth_rows=self.depth_rows(plan, pool))
+        if not self._plain_allowed(len(plan.rids)):
             return None
         if plan.explore:
             return PlainPlan(plan.rids, explore=True, context=plan.context) if plan.explore_k == 0 else None
@@ -370,17 +443,18 @@ class GraftStepper:
                                     self.prune[self.max_nodes], self.cfg.placement)
         draft_values = self._draft_values(plan, pool)
         union = self._union_values(plan, pool, draft_values)
-        plan.expected_rows = expected_tokens(union, self.budgets)
-        secs = [self.cost.step(bs=bs, num_nodes=n, passes=plan.passes, context=plan.context) for n in self.budgets]
-        if self.ragged:
-            return self._build_ragged(plan, pool, seq_lens, union, secs)
-        expected = None if self.sync_free else plan.expected_rows.sum(0).tolist()  # the one host read
-        if plan.explore:
-            k = plan.explore_k
-        elif self.sync_free:
-            k = self._lagged_budget(bs, secs)
+        expected = None
+        if self.sync_free:  # chosen before the draft (lagged_choice); this step's valuation for the next ones
+            k = plan.planned_k
+            plan.depth_rows = self.depth_rows(plan, pool, draft_values)
+            plan.expected_rows = plan.depth_rows[:, pool.num_steps - 1]  # the levels drafted
         else:
-            k = choose_budget(expected, secs)
+            plan.expected_rows = expected_tokens(union, self.budgets)
+            secs = [self.cost.step(bs=bs, num_nodes=n, passes=plan.passes, context=plan.context) for n in self.budgets]
+            if self.ragged:
+                return self._build_ragged(plan, pool, seq_lens, union, secs)
+            expected = plan.expected_rows.sum(0).tolist()  # the one host read
+            k = plan.explore_k if plan.explore else choose_budget(expected, secs)
         n = plan.num_nodes = plan.width = self.budgets[k]
         plan.expected = None if expected is None else expected[k]
         # draft nodes among the n - 1 most valuable of the union, per request
@@ -413,15 +487,6 @@ class GraftStepper:
         num_keep = ((order < m) & in_share).sum(dim=1)
         return self.build_tree(pool, plan.root_tokens, plan.proposals, seq_lens, plan.width, self.prune[plan.width],
                                self.cfg.placement, num_keep=num_keep, depth_limit=plan.exit_depth, node_counts=counts)
-
-    def _lagged_budget(self, bs: int, secs: Sequence[float]) -> int:
-        """Sync-free budget index: the newest known step's mean expected tokens per request of
-        each budget, times this batch's size, per predicted second (the largest budget while
-        nothing is known yet)."""
-        if self.lagged is None:
-            return len(self.budgets) - 1
-        per_request = self.lagged.outcome.expected.mean(axis=0)
-        return choose_budget([float(e) * bs for e in per_request], secs)
 
     @staticmethod
     def levels_used(pool: DraftPool, step: GraftStep) -> torch.Tensor:

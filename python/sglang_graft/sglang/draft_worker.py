@@ -257,7 +257,7 @@ class GraftDraftWorker(EagleDraftWorker):
         context = seams.batch_context_tokens(batch.reqs)  # the cost model prices attention by it
         plan = self._begin(rids, root_tokens, batch, context)  # 1. retrieval proposals under each root, valued: the plan
         stepper, behind = self.context.stepper, self.context.lag.behind(rids)
-        if stepper.may_plain or behind:  # N = 1 pays best at the draft's first level: verify the roots alone
+        if stepper.considers_plain(plan) or behind:  # N = 1 pays best at the draft's first level: the roots alone
             plain = stepper.plain_plan(plan, first_level_pool(batch.spec_info, self.topk, self.hot_token_id))
             catch_up = plain is None and behind  # speculation would resume while the draft is behind
             if catch_up:

@@ -94,8 +94,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
                                     ragged=self.graft_cfg.resolved_ragged(device, self.sync_free))
         every = self.graft_cfg.resolved_tp_check(seams.TP_GROUP.resolve()().world_size)
         self.tp_check = TreeHashCheck(every, _tp_all_reduce(torch.distributed.ReduceOp.MAX) if every else None)
-        # plain steps defer the draft extend (none can be plain in sync-free mode: see GraftStepper.may_plain)
-        self.lag = DraftLag(self.graft_cfg.draft_lag if self.stepper.may_plain else 0)
+        # plain steps defer the draft extend (not sync-free: a catch-up reads the batch's lengths on the host)
+        self.lag = DraftLag(self.graft_cfg.draft_lag if self.stepper.may_plain and not self.sync_free else 0)
         context = GraftContext(self.graft_cfg, self.retrieval, self.stepper, self.tp_check, self.lag)
         with seams.swapped(seams.DRAFT_WORKER_CLASS, functools.partial(GraftDraftWorker, context=context)):
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -182,8 +182,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
         """Sync-free: steps whose results are now on the host feed the decisions and metrics."""
         self.stepper.observe(entries)
         for entry in entries:
-            if entry.outcome.stage is not None:  # a decode step (a prefill's entry is its sampled token)
-                self._count(entry.outcome)
+            if entry.outcome.stage is not None and not entry.plain:  # a speculative step (a prefill's entry
+                self._count(entry.outcome)  # is its sampled token; a plain step's was counted when it ran)
 
     def _count(self, outcome: HostOutcome) -> None:
         """One verify step's per-request results -> server counters and Prometheus."""
@@ -275,15 +275,23 @@ class GraftWorkerV2(EAGLEWorkerV2):
         return vi.draft_token.view(len(batch.reqs), vi.draft_token_num), layout.ancestor_mask, layout.depth
 
     def _commit_plain(self, batch, plain: PlainPlan, result) -> None:
-        """A plain step's one committed token per request -> stores (never sync-free: see
-        ``GraftStepper.plain_plan``)."""
+        """A plain step's one committed token per request -> stores (sync-free: to the commit
+        ring, with the step's valuation for the decisions after it)."""
         rids = plain.rids
         plain.committed = len(rids)
         self._verified = (plain, len(rids))
         self.retrieval.counters.plain_request_steps += len(rids)
         tokens = result.next_token_ids.to(torch.int64).view(-1, 1)
-        self.penalties.record(batch, tokens, torch.ones_like(tokens[:, 0]))
-        self.retrieval.commit(rids, tokens.tolist())  # one device-to-host copy for the batch
+        ones = torch.ones_like(tokens[:, 0])
+        self.penalties.record(batch, tokens, ones)
+        if self.sync_free:  # reaches the host two calls later (see lagged.py)
+            rows = plain.depth_rows
+            none = torch.zeros_like(ones)
+            outcome = StepOutcome(tokens=tokens, lengths=ones, stage=none, retrieved=none, drafted=none, proposed=none,
+                                  levels_used=none, expected=rows[:, 0], by_depth=rows)
+            self.retrieval.ring.record(rids, batch.req_pool_indices, outcome, num_nodes=1, plain=True)
+        else:
+            self.retrieval.commit(rids, tokens.tolist())  # one device-to-host copy for the batch
         lo = result.logits_output
         lo.customized_info = {**(lo.customized_info or {}), "graft_plain": [1] * len(rids)}
 
@@ -317,7 +325,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
             tokens=result.next_token_ids.view(bs, n),  # committed: the compacted front of each N-block
             lengths=accept_lens, stage=info.stage, retrieved=retrieved, drafted=drafted,
             proposed=info.verified_nodes.sum(1) - 1, levels_used=info.levels_used,
-            expected=info.expected if info.expected is not None else accept_lens.new_zeros((bs, len(self.budgets))))
+            expected=info.expected if info.expected is not None else accept_lens.new_zeros((bs, len(self.budgets))),
+            by_depth=plan.depth_rows)
         if self.sync_free:  # reaches the host two calls later (see lagged.py)
             entry = self.retrieval.ring.record(rids, batch.req_pool_indices, outcome, passes=plan.passes, num_nodes=n)
             _report_per_request(result.logits_output, entry.outcome, verify_mode, bs, lazy=True)
