@@ -25,7 +25,7 @@ BATCH1 = [("code of 42aacab", "smollm2_report_all_memo.json"), ("code of 55bc201
 LOAD = [("code of f5daef2", ["serving_bench_kv_window_report.json", "serving_bench_kv_window_report_c8.json"]),
         ("code of 049b2d9", ["serving_bench_waves_report.json"])]
 # a run of other methods at some levels only, drawn as points: (label, file)
-LOAD_POINTS = ("code of 2896293, AVX2 EPYC", ["serving_bench_steady_c8.json", "serving_bench_c16_cuda.json"])
+LOAD_POINTS = ("code of 7a3556d, AVX2 EPYC", ["serving_bench_c8_joint.json", "serving_bench_c16_joint.json"])
 CATEGORIES = ["mt_bench", "code", "rag", "qa", "summarization", "math", "translation"]
 
 
