@@ -24,7 +24,7 @@ device: every step records, per request, its expected tokens of every budget at 
 it drafted and one level deeper, estimated (:meth:`GraftStepper.depth_rows`, read on the host two
 worker calls later, :meth:`GraftStepper.observe`), and the next step chooses its draft passes, its
 budget, or a plain step, jointly from the newest such record scaled to its batch, by expected
-tokens per predicted second (:meth:`GraftStepper.lagged_choice`); proposals are re-rooted on the
+tokens per predicted second (:meth:`GraftStepper.lagged_choice`, ``engine.lagged_choice``); proposals are re-rooted on the
 device. A plain step records its valuation at the draft's first level, so a run of plain steps
 ends when a speculative one would pay again.
 """
@@ -48,6 +48,7 @@ from sglang_graft.engine.budget import (
 from sglang_graft.config import GraftConfig
 from sglang_graft.graphs import capture_count
 from sglang_graft.engine.lagged import LaggedEntry
+from sglang_graft.engine.lagged_choice import choose_from_depth_rows
 from sglang_graft.engine.plans import PlainPlan, StepPlan, StepStats
 from sglang_graft.engine.ragged import share_budgets
 from sglang_graft.engine.rate_guard import RateGuard
@@ -174,22 +175,12 @@ class GraftStepper:
 
     def lagged_choice(self, bs: int, context: int, explore_k: Optional[int]) -> tuple[int, int, bool]:
         """Sync-free: ``(draft passes, budget index, plain)`` of a step of ``bs`` requests over
-        ``context`` tokens, from the newest known step's :meth:`depth_rows` (its per-request mean,
-        times ``bs``): the passes ``d`` and budget ``N`` with the most expected tokens per predicted
-        second (``StepCost.step``), against a plain step (``bs`` tokens at a plain step's price)
-        where plain steps are allowed. Ties go to fewer passes, then the smaller budget; every
-        rank reads the same record and the same published costs, so decides the same.
-
-        Exploring steps draft every level (refreshing every depth's row) and verify the budget they
-        measure (plain for ``N = 1`` where a plain step is allowed); the fixed budget, and a step
-        with nothing known yet, draft every level at the largest budget.
-
-        Example: budgets 1 / 2 / 4 / 8, bs 4, the known step (2 passes) expects per request 1.6 /
-        2.1 / 2.3 tokens at ``N`` 2 / 4 / 8 with 0 passes, 2.0 / 2.9 / 3.4 with 1, 2.1 / 3.0 / 3.6
-        with 2 and 2.1 / 3.0 / 3.65 with 3 (estimated). With a draft pass of 10 ms, verifies of 38 /
-        40 / 45 / 55 ms and a plain step of 35 ms, tokens per second: plain 114; 0 passes ``N`` 4
-        187; 1 pass ``N`` 4 211, ``N`` 8 209; 2 passes ``N`` 8 192: one pass, ``N = 4``.
-        """
+        ``context`` tokens, from the newest known step's :meth:`depth_rows` against the cost model
+        (:func:`~sglang_graft.engine.lagged_choice.choose_from_depth_rows`, a worked example there),
+        a plain step among the options where one is allowed. Exploring steps draft every level
+        (refreshing every depth's row) and verify the budget they measure (plain for ``N = 1``
+        where allowed); the fixed budget, and a step with nothing known yet, draft every level at
+        the largest budget."""
         last = len(self.budgets) - 1
         if not self.cost_aware:
             return self.num_steps - 1, last, False
@@ -199,18 +190,9 @@ class GraftStepper:
         rows = None if self.lagged is None else self.lagged.outcome.by_depth
         if rows is None:
             return self.num_steps - 1, last, False
-        per_request = rows.mean(axis=0)  # [num_steps, K], NaN at depths the known step did not value
-        best, choice = -1.0, (self.num_steps - 1, last, False)
-        if plain_ok:
-            best, choice = bs / self.cost.step(bs=bs, num_nodes=1, passes=0, plain=True, context=context), (0, 0, True)
-        for d, row in enumerate(per_request.tolist()):
-            if row[0] != row[0]:  # NaN: not valued
-                continue
-            for k, (e, n) in enumerate(zip(row, self.budgets)):
-                rate = e * bs / self.cost.step(bs=bs, num_nodes=n, passes=d, context=context)
-                if rate > best * (1 + 1e-9):
-                    best, choice = rate, (d, k, False)
-        return choice
+        plain_s = self.cost.step(bs=bs, num_nodes=1, passes=0, plain=True, context=context) if plain_ok else None
+        return choose_from_depth_rows(
+            rows, bs, self.budgets, lambda d, n: self.cost.step(bs=bs, num_nodes=n, passes=d, context=context), plain_s)
 
     # -- 2. during the draft ---------------------------------------------------------------------
     def keep_drafting(self, plan: StepPlan, pool: DraftPool) -> bool:
