@@ -286,7 +286,8 @@ def test_a_plain_step_runs_no_draft_pass_or_tree():
         asked.append(pool)
         return PlainPlan(plan.rids, context=plan.context)
 
-    worker.context = SimpleNamespace(stepper=SimpleNamespace(may_plain=True, plain_plan=plain_plan), lag=DraftLag(0))
+    worker.context = SimpleNamespace(stepper=SimpleNamespace(considers_plain=lambda plan: True, plain_plan=plain_plan),
+                                     lag=DraftLag(0))
     spec_info = SimpleNamespace(bonus_tokens=torch.tensor([7, 9], dtype=torch.int32),
                                 topk_p=torch.tensor([[0.6, 0.3], [0.5, 0.4]]), topk_index=torch.tensor([[1, 2], [3, 4]]))
     batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a", seqlen=6), SimpleNamespace(rid="b", seqlen=12)],

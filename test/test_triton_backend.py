@@ -53,14 +53,14 @@ def _graft_args(tiny_models, *extra) -> list[str]:
 # One server per mode, each with a sync-free setting, and the prompts it serves concurrently (their
 # trees are verified together: FULL rows of several requests). An interpreted step costs 1-3 s on
 # 2 cores, so each server serves two prompts; prompt 1 gets retrieved nodes accepted.
-# Plain steps off where the sync-free mode would not turn them off: every decode step verifies a
-# tree through the Triton kernels (the tiny random head rarely pays for one, so the cost-aware step
-# would verify most roots alone).
+# Plain steps off: every decode step verifies a tree through the Triton kernels (the tiny random head
+# rarely pays for one, so the cost-aware step would verify most roots alone; sync-free steps take
+# plain steps too, tested in test_graft_server.py).
 MODES = [
     ("tree", ["--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
               "--speculative-graft-sync-free", "off", "--speculative-graft-plain-steps", "off"], (1, 2)),
     ("chain-sync-free", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-                         "--speculative-graft-sync-free", "on"], (1, 0)),
+                         "--speculative-graft-sync-free", "on", "--speculative-graft-plain-steps", "off"], (1, 0)),
     ("chain-grafted", ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "12",
                        "--speculative-graft-thresholds", "0", "0.5", "0.5", "--speculative-graft-sync-free", "off",
                        "--speculative-graft-plain-steps", "off"],
@@ -126,7 +126,7 @@ def test_without_host_lengths_the_draft_metadata_and_verify_masks_read_nothing_a
     record = tmp_path / "meter.jsonl"
     launcher = [str(Path(__file__).with_name("device_lengths_launcher.py")), str(record)]
     args = _graft_args(tiny_models, "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
-                       "--speculative-graft-sync-free", "on")
+                       "--speculative-graft-sync-free", "on", "--speculative-graft-plain-steps", "off")  # every step drafts
     with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "graft-triton-device-lengths.log",
                       env={**TRITON_ENV, **pinned_env(tmp_path / "pinned")}, launcher=launcher) as srv:
         with cf.ThreadPoolExecutor(2) as pool:
