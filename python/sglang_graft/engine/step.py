@@ -268,11 +268,12 @@ class GraftStepper:
         host = torch.cat([alive.any().float()[None], self._batch_expected(now), self._batch_expected(later)]).tolist()
         return host[1: 1 + k], (host[1 + k:] if host[0] else None)
 
-    def _with_next_level(self, plan: StepPlan, pool: DraftPool, values: torch.Tensor):
+    def _with_next_level(self, plan: StepPlan, pool: DraftPool, values: torch.Tensor,
+                         now: Optional[torch.Tensor] = None):
         """``(alive [bs] bool, now [bs, C], later [bs, C + topk])``: whether a request may still
         keep draft nodes (not served by a confident retrieval, its pruning stage keeps some), the
         values of the union with the drafted levels (``values``: :meth:`_draft_values`), and with
-        the next level estimated for the alive requests.
+        the next level estimated for the alive requests (``now``: the union, computed when not given).
 
         The next level: the ``topk`` beams of the current depth each get one child (siblings are
         exclusive, so a beam's best child stands for all of them), whose draft probability given
@@ -284,7 +285,7 @@ class GraftStepper:
         child of path score 0.45, worth the calibrated acceptance of the 0.45 bin.
         """
         alive = ~plan.retrieval_confident & self._may_keep_draft[plan.stage]
-        now = self._union_values(plan, pool, values)
+        now = self._union_values(plan, pool, values) if now is None else now
         parent_scores = torch.where(pool.parents >= 0, pool.scores.gather(1, pool.parents.clamp(min=0)), 1.0)
         given_parent = (pool.scores / parent_scores.clamp(min=1e-12)).clamp(max=1.0)
         child = self.calibration.probability(self.calibration.draft_bins(pool.scores * given_parent))
@@ -293,11 +294,13 @@ class GraftStepper:
         later = torch.cat([now, torch.where(alive[:, None], beams, 0.0)], dim=1)
         return alive, now, later
 
-    def depth_rows(self, plan: StepPlan, pool: DraftPool, values: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def depth_rows(self, plan: StepPlan, pool: DraftPool, values: Optional[torch.Tensor] = None,
+                   union: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Sync-free, recorded with every step for the next ones' :meth:`lagged_choice`:
         ``[bs, num_steps, K]`` each request's expected tokens per budget when the draft stops at
         depth ``d`` (row ``d``: a step of ``d`` passes), valued as drafted for the levels ``pool``
-        holds, estimated one level deeper (:meth:`_with_next_level`), NaN below. No host read.
+        holds, estimated one level deeper (:meth:`_with_next_level`), NaN below (``values``,
+        ``union``: :meth:`_draft_values` and :meth:`_union_values` of the step, when computed). No host read.
 
         Example: ``num_steps`` 4, a step of 1 pass (``pool`` holds depths 0 and 1): rows 0 and 1
         valued, row 2 estimated, row 3 NaN."""
@@ -307,7 +310,7 @@ class GraftStepper:
         for d in range(levels - 1):
             shallow = torch.where(pool.depths <= d, values, 0.0)
             rows[:, d] = expected_tokens(self._union_values(plan, pool, shallow), self.budgets)
-        _, now, later = self._with_next_level(plan, pool, values)
+        _, now, later = self._with_next_level(plan, pool, values, union)
         rows[:, levels - 1] = expected_tokens(now, self.budgets)
         if levels < self.num_steps:
             rows[:, levels] = expected_tokens(later, self.budgets)
@@ -428,7 +431,7 @@ class GraftStepper:
         expected = None
         if self.sync_free:  # chosen before the draft (lagged_choice); this step's valuation for the next ones
             k = plan.planned_k
-            plan.depth_rows = self.depth_rows(plan, pool, draft_values)
+            plan.depth_rows = self.depth_rows(plan, pool, draft_values, union)
             plan.expected_rows = plan.depth_rows[:, pool.num_steps - 1]  # the levels drafted
         else:
             plan.expected_rows = expected_tokens(union, self.budgets)
