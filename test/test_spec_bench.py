@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.server
 METHODS = {"none", "NGRAM", "EAGLE3-tree", "EAGLE3-chain", "EAGLE3-adaptive", "EAGLE3-chain-long", "GRAFT",
            "GRAFT-sam", "GRAFT-recycle", "GRAFT-auto", "GRAFT-prune-only", "GRAFT-fixed"}
-KEYS = ("method", "category", "tau", "tok_per_s", "speedup", "retrieval_share", "identical", "draft_passes",
-        "verify_tokens")
+KEYS = ("method", "category", "tau", "tok_per_s", "speedup", "decode_tok_per_s", "decode_speedup", "prefill_s",
+        "retrieval_share", "identical", "draft_passes", "verify_tokens")
 
 
 def _run_bench(args: list[str], out: Path, timeout: float, methods: set = METHODS,
@@ -42,6 +42,10 @@ def _run_bench(args: list[str], out: Path, timeout: float, methods: set = METHOD
     for r in report["results"]:
         assert all(key in r for key in KEYS), r
         assert r["tau"] >= 1.0 and r["tok_per_s"] > 0
+        # decode-only speed: the server's times from the first token on, reported for every prompt
+        assert r["decode_tok_per_s"] > 0 and r["prefill_s"] > 0, r
+        if r["method"] == "none":
+            assert r["decode_speedup"] == 1.0
     md = out.with_suffix(".md").read_text()
     assert md.startswith("| method |") and "Step-time breakdown" in md and "Verify budgets chosen" in md
     assert "Per category (the decode steps of its prompts)" in md
@@ -142,6 +146,29 @@ def test_prompt_sets_report_tune_and_train_are_disjoint():
         assert prompt_sets.load(category) == split["report"]
 
 
+def test_long_context_prompts_are_3_to_6k_tokens_of_both_kinds_in_every_split():
+    """``long_context`` (asked for by name): documents and source files alternate in every split, the
+    splits are disjoint, and every benchmark prompt is 3-6.2K SmolLM2 tokens with its chat template."""
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    sys.path.insert(0, str(ROOT / "benchmark" / "models"))
+    import build_smollm2
+    import prompt_sets
+    import spec_bench
+    from transformers import AutoTokenizer
+
+    assert "long_context" in prompt_sets.LONG_CATEGORIES and "long_context" not in prompt_sets.CATEGORIES
+    split = {s: prompt_sets.load("long_context", s) for s in ("report", "tune", "train")}
+    assert [len(split[s]) for s in ("report", "tune", "train")] == [20, 20, 40]
+    assert not set(split["report"]) & set(split["tune"]) and not set(split["train"]) & (
+        set(split["report"]) | set(split["tune"]))
+    tokenizer = AutoTokenizer.from_pretrained(build_smollm2.build_target("smollm2", "float32"))
+    for name in ("report", "tune"):
+        kinds = ["code" if p.startswith("Here is a Python module") else "document" for p in split[name]]
+        assert kinds == ["document", "code"] * 10, name
+        lengths = [len(spec_bench._encode(tokenizer, p)) for p in split[name]]
+        assert 3000 <= min(lengths) and max(lengths) <= 6200, (name, sorted(lengths))
+
+
 def test_a_variant_may_name_its_own_draft_head():
     """``--variant 'old=GRAFT --speculative-draft-model-path OLD'`` serves OLD, not ``--draft``."""
     sys.path.insert(0, str(ROOT / "benchmark"))
@@ -150,12 +177,13 @@ def test_a_variant_may_name_its_own_draft_head():
     table = spec_bench.methods(6, 4, 16)
     default = spec_bench.server_args(table["GRAFT"], Path("new-head"), "float32")
     assert default == ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", "new-head",
-                       "--dtype", "float32"]
+                       "--dtype", "float32", "--enable-metrics"]
     variant = spec_bench.Method("old", (*table["GRAFT"].args, "--speculative-draft-model-path", "old-head"), 6, True)
     args = spec_bench.server_args(variant, Path("new-head"), "float32")
     assert args.count("--speculative-draft-model-path") == 1
     assert args[args.index("--speculative-draft-model-path") + 1] == "old-head"
-    assert spec_bench.server_args(table["none"], Path("new-head"), "float32") == ["--dtype", "float32"]
+    assert spec_bench.server_args(table["none"], Path("new-head"), "float32") == ["--dtype", "float32",
+                                                                                  "--enable-metrics"]
 
 
 def test_a_variant_reports_its_own_nominal_shape():
@@ -250,6 +278,7 @@ def test_interleaved_methods_take_turns_on_every_prompt(monkeypatch, tmp_path):
     class FakeServer:
         def __init__(self, model, args, log_path):
             self.name = Path(log_path).stem
+            assert "--enable-metrics" in args  # the times behind decode-only speed
 
         def __enter__(self):
             log.append(("up", self.name))
@@ -262,7 +291,8 @@ def test_interleaved_methods_take_turns_on_every_prompt(monkeypatch, tmp_path):
             if max_new == 4:  # the warm-up
                 return {}
             log.append((self.name, ids[0]))
-            return {"meta_info": {"completion_tokens": max_new, "spec_verify_ct": 2 if self.name != "none" else 0},
+            return {"meta_info": {"completion_tokens": max_new, "spec_verify_ct": 2 if self.name != "none" else 0,
+                                  "e2e_latency": 0.5, "first_token_latency": 0.25},
                     "output_ids": [ids[0], len(self.name)]}
 
     monkeypatch.setattr(local_server, "SGLangServer", FakeServer)
@@ -280,6 +310,8 @@ def test_interleaved_methods_take_turns_on_every_prompt(monkeypatch, tmp_path):
     assert economy is None and by_category == {}
     assert cells["code"].tokens == 12 and cells["code"].verify_steps == 4 and cells["math"].tokens == 6
     assert cells["code"].outputs == [[10, 5], [11, 5]]
+    # two prompts of 6 tokens: 5 decoded after the first of each, in 0.25 s each
+    assert cells["code"].prefill_seconds == 0.5 and spec_bench._decode_tok_per_s(cells["code"]) == 10 / 0.5
     assert runs["none"][0]["code"].verify_steps == 12  # no spec_verify_ct: one step per token
 
 

@@ -11,7 +11,7 @@ tokens, measured verify + draft-extend seconds) to a JSON-lines file.
 ``evaluate``: replays the observations in order through each candidate model, publishing every 8
 observations as the engine does, and before each observation predicts its verify seconds from the
 ones before it. Reported per model: the median and mean of ``|predicted - measured| / measured``,
-overall, by batch context (< 512, 512-2K, >= 2K tokens) and by batch size (1, > 1). Candidates:
+overall, by batch context (< 512, 512-2K, >= 2K tokens, and >= 3K) and by batch size (1, > 1). Candidates:
 
 * ``ema``: the model before this change (``engine/budget.py`` at ``--baseline-rev``: exponential
   averages, alpha 0.2, no context);
@@ -22,6 +22,8 @@ overall, by batch context (< 512, 512-2K, >= 2K tokens) and by batch size (1, > 
 
     python benchmark/studies/cost_model_fit.py record --split tune --out benchmark/out/cost_obs_tune.jsonl
     python benchmark/studies/cost_model_fit.py evaluate benchmark/out/cost_obs_tune.jsonl
+    python benchmark/studies/cost_model_fit.py record --categories long_context --per-category 4 \
+        --concurrency 2 --out benchmark/out/cost_obs_long.jsonl       # the long-context check
 
 The recordings behind RESULTS.md are in ``benchmark/results/cost_observations/`` (``evaluate``
 reads them gzipped).
@@ -76,7 +78,8 @@ def record(args) -> None:
 
     model = build_smollm2.build(build_smollm2.default_dir("float32"), "float32")
     tok = AutoTokenizer.from_pretrained(model)
-    prompts = [_encode(tok, p) for cat in SHORT + LONG for p in prompt_sets.load(cat, args.split, args.per_category)]
+    prompts = [_encode(tok, p) for cat in args.categories.split(",")
+               for p in prompt_sets.load(cat, args.split, args.per_category)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory() as shim:
@@ -127,7 +130,8 @@ def evaluate(args) -> dict:
     for i, o in enumerate(obs):
         measured = o["verify_s"]
         if i >= args.warmup and measured > 0:
-            keys = ("all", f"context {_context_bucket(o.get('context', 0))}", f"bs {'1' if o['bs'] == 1 else '>1'}")
+            keys = ("all", f"context {_context_bucket(o.get('context', 0))}", f"bs {'1' if o['bs'] == 1 else '>1'}",
+                    *(["context >=3K"] if o.get("context", 0) >= 3072 else []))
             for name, (model, takes_context) in models.items():
                 kw = {"context": o.get("context", 0)} if takes_context else {}
                 predicted = model.verify_at(o["bs"], o["num_nodes"], **kw)
@@ -161,6 +165,8 @@ def main() -> None:
     rec = sub.add_parser("record")
     rec.add_argument("--out", type=Path, default=HERE / "out" / "cost_obs.jsonl")
     rec.add_argument("--split", default="tune")
+    rec.add_argument("--categories", default=",".join(SHORT + LONG),
+                     help="prompt categories served (long_context: 3.2-6.1K-token prompts)")
     rec.add_argument("--per-category", type=int, default=4)
     rec.add_argument("--new-tokens", type=int, default=64)
     rec.add_argument("--concurrency", type=int, default=4)
