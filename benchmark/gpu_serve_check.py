@@ -318,7 +318,8 @@ def phase_server_info(servers: Servers) -> dict:
         economy = graft.get("economy") or {}
         out[name] = {
             "cuda_syncs": state.get("cuda_syncs"),
-            "budget_states": graft.get("budget_states"), "verify_masks": graft.get("verify_masks"),
+            "budget_states": graft.get("budget_states"), "start_up": graft.get("start_up"),
+            "verify_masks": graft.get("verify_masks"),
             "graph": graft.get("graph"), "sync_free": graft.get("sync_free"),
             "step_time": economy.get("step_time"), "steps": economy.get("steps"),
             "budget_histogram": economy.get("budget_histogram"), "mean_draft_passes": economy.get("mean_draft_passes"),

@@ -139,28 +139,36 @@ def test_a_budgets_flashinfer_backend_takes_the_kv_indices_and_custom_mask_and_t
 
 
 def _server_args(tmp_path, **kw):
+    """Server args as a user who passed only the algorithm and the head leaves them: the draft shape
+    and the attention backend unset (SGLang resolves them into its runtime config, ``_spec``)."""
     head = tmp_path / "head"
     head.mkdir(exist_ok=True)
     (head / "config.json").write_text(json.dumps({"num_attention_heads": 16}))
-    base = dict(attention_backend="triton", speculative_num_draft_tokens=16, speculative_num_steps=6,
-                speculative_eagle_topk=4, speculative_draft_model_path=str(head), triton_attention_num_kv_splits=8,
+    base = dict(attention_backend=None, speculative_num_draft_tokens=None, speculative_num_steps=None,
+                speculative_eagle_topk=None, speculative_draft_model_path=str(head), triton_attention_num_kv_splits=8,
                 max_running_requests=None)
     return types.SimpleNamespace(**{**base, **kw})
 
 
+def _spec(**kw):
+    """SGLang's resolved draft shape (``get_spec()``): GRAFT's defaults."""
+    return types.SimpleNamespace(**{**dict(speculative_num_draft_tokens=16, speculative_num_steps=6,
+                                           speculative_eagle_topk=4), **kw})
+
+
 def test_the_plan_comes_out_of_the_kv_pool_before_sglang_sizes_it(tmp_path):
     model = types.SimpleNamespace(get_max_num_attention_heads=lambda: 32, context_len=8192, head_dim=128)
-    shape = budget_states.memory_shape(_server_args(tmp_path), model, "cuda", 32, 2)
+    shape = budget_states.memory_shape(_server_args(tmp_path), model, "cuda", 32, 2, _spec(), "triton")
     assert (shape.heads, shape.draft_heads, shape.max_bs, shape.max_requests) == (16, 8, 32, 48)
     assert shape.budgets == (1, 2, 4, 8, 12, 16)
-    assert budget_states.memory_shape(_server_args(tmp_path, attention_backend="intel_amx"), model, "cpu", 0, 1) is None
-    on_cpu = budget_states.memory_shape(_server_args(tmp_path), model, "cpu", 32, 1)
+    assert budget_states.memory_shape(_server_args(tmp_path), model, "cpu", 0, 1, _spec(), "intel_amx") is None
+    on_cpu = budget_states.memory_shape(_server_args(tmp_path), model, "cpu", 32, 1, _spec(), "triton")
     assert on_cpu.max_bs == 0  # no CUDA graphs on a CPU: the eager draft's buffer alone
     # graphs for up to 32 requests, the eager draft's buffer for 48: the difference is GRAFT's extra
     with_graphs = plan(shape)
     assert with_graphs["extra"] == (48 - 32) * 6 * 4 * 8192 * 8 - 32 * 4 * 4 - 5 * (32 * 4 * 8 * 8 * 128 * 4 + 32 * 4 * 8 * 8 * 4)
     assert budget_states.take_out_of_the_kv_pool(10 * GiB, with_graphs) == 10 * GiB - with_graphs["extra"]
-    wide = plan(budget_states.memory_shape(_server_args(tmp_path), model, "cuda", 64, 2))
+    wide = plan(budget_states.memory_shape(_server_args(tmp_path), model, "cuda", 64, 2, _spec(), "triton"))
     assert wide["extra"] < 0 and budget_states.take_out_of_the_kv_pool(10 * GiB, wide) == 10 * GiB  # nothing taken
     cpu = plan(on_cpu)
     assert budget_states.take_out_of_the_kv_pool(10 * GiB, cpu) == 10 * GiB - cpu["extra"] > 0

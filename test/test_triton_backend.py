@@ -166,3 +166,22 @@ def test_the_mask_layout_follows_the_target_backend():
         verify_mask = type("VerifyMask", (), {"mode": TreeMaskMode.QLEN_ONLY_BITPACKING})()
 
     assert verify_mask_mode(Owner(), TreeMaskMode.FULL_MASK) == TreeMaskMode.QLEN_ONLY_BITPACKING
+
+
+def test_graft_with_only_the_algorithm_and_the_head_starts_on_the_triton_backend(tiny_models, server_logs, reference):
+    """What a GPU user types first: ``--speculative-algorithm GRAFT`` and the head, no draft shape,
+    a backend the memory plan prices (Triton here, FlashInfer alike). SGLang resolves the shape into
+    its runtime config and leaves None on ``server_args``; the plan taken out of the KV pool is GRAFT's
+    defaults (6 steps, topk 4, budgets up to 16) and the server serves token-exact. (The plan read
+    ``server_args`` and the server died at start-up comparing None with an int.)"""
+    ids, ref = reference
+    args = ["--attention-backend", "triton", "--triton-attention-num-kv-splits", "1",
+            "--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"])]
+    with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "graft-triton-defaults.log",
+                      env=TRITON_ENV) as srv:
+        out = srv.generate_ids(ids[1], 4)
+        graft = requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["graft"]
+    assert out["output_ids"] == ref[1][:4]
+    shape = graft["memory_plan"]["shape"]
+    assert (shape["backend"], shape["num_steps"], shape["topk"], shape["budgets"]) == ("triton", 6, 4, [1, 2, 4, 8, 12, 16])
+    assert graft["budget_states"]["budgets"] == [1, 2, 4, 8, 12, 16]

@@ -20,13 +20,16 @@ What each state costs and how often its graphs replay is reported in ``/server_i
 * ``bytes``: per budget, the device memory building its state took (``torch.cuda`` allocated and
   reserved bytes, and the device's free memory, before and after; zeros off CUDA); the largest
   budget's state is SGLang's start-up one (counted by SGLang, not here);
-* ``replays``: per budget, how many verify and draft-extend steps replayed its captured graphs.
+* ``replays``: per budget, how many verify and draft-extend steps replayed its captured graphs;
+* ``build_s``: per budget, the seconds building its state took (on a GPU mostly the capture of its
+  graphs: one per captured batch size and role).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections import Counter
 from typing import Callable, Optional
 
@@ -52,6 +55,7 @@ class BudgetStates:
         self.states: dict = {}
         self.bytes: dict[int, dict[str, int]] = {}  # budget -> {"allocated", "reserved", "free_taken"}
         self.replays: Counter = Counter()  # (graph role, budget) -> replays
+        self.build_s: dict[int, float] = {}  # budget -> seconds its state took to build
 
     def build(self, worker, budgets: tuple) -> None:
         """SGLang's adaptive runtime states, one per budget (same draft depth), inside SGLang's
@@ -86,9 +90,9 @@ class BudgetStates:
                 stack.enter_context(seams.swapped(seams.GRAPH_BACKEND_CHECK, lambda phase, backend: True))
             shared.enter(stack, runner)
             for n in budgets:
-                before = device_memory(worker.device)
+                before, start = device_memory(worker.device), time.perf_counter()
                 self.states[n] = worker.build_adaptive_runtime_state(worker.speculative_num_steps, n)
-                after = device_memory(worker.device)
+                after, self.build_s[n] = device_memory(worker.device), round(time.perf_counter() - start, 3)
                 self.bytes[n] = {"allocated": after[0] - before[0], "reserved": after[1] - before[1],
                                  "free_taken": before[2] - after[2]}
         self.shared = shared.as_dict()
@@ -136,7 +140,8 @@ class BudgetStates:
         for (role, n), k in sorted(self.replays.items()):
             replays.setdefault(role, {})[str(n)] = k
         return {"budgets": sorted(self.states), "bytes": {str(n): b for n, b in sorted(self.bytes.items())},
-                "replays": replays, "shared": self.shared}
+                "replays": replays, "shared": self.shared,
+                "build_s": {str(n): t for n, t in sorted(self.build_s.items())}}
 
 
 class SharedBuild:
@@ -236,21 +241,25 @@ def server_memory_plan() -> Optional[dict]:
     return _PLAN
 
 
-def memory_shape(server_args, model_config, device: str, graph_max_bs: int, tp_size: int) -> Optional[SpecMemoryShape]:
+def memory_shape(server_args, model_config, device: str, graph_max_bs: int, tp_size: int, spec,
+                 backend: Optional[str]) -> Optional[SpecMemoryShape]:
     """The :class:`~memory_plan.SpecMemoryShape` of a GRAFT server, or None where its attention
-    backend has no formulas (intel_amx on a CPU: no graph buffers, no static draft buffer)."""
+    backend has no formulas (intel_amx on a CPU: no graph buffers, no static draft buffer).
+
+    ``spec``: the resolved draft shape (``speculative_num_draft_tokens``, ``_num_steps``,
+    ``_eagle_topk``: SGLang's spec config, since ``server_args`` keeps None for a flag the user left
+    unset); ``backend``: the resolved decode attention backend."""
     from sglang_graft.sglang.launch_config import config_of
 
-    backend = server_args.attention_backend
     if backend not in BACKENDS:
         return None
     cfg = config_of(server_args)
-    num_nodes = server_args.speculative_num_draft_tokens
+    num_nodes = spec.speculative_num_draft_tokens
     heads = max(1, model_config.get_max_num_attention_heads() // tp_size)
     draft_heads = _draft_heads(server_args.speculative_draft_model_path, tp_size) or heads
     return SpecMemoryShape(
         backend=backend, max_bs=graph_max_bs if device == "cuda" else 0, context_len=model_config.context_len,
-        num_steps=server_args.speculative_num_steps, topk=server_args.speculative_eagle_topk,
+        num_steps=spec.speculative_num_steps, topk=spec.speculative_eagle_topk,
         budgets=cfg.resolved_budgets(num_nodes), heads=heads, draft_heads=draft_heads,
         v_head_dim=getattr(model_config, "v_head_dim", None) or model_config.head_dim,
         kv_splits=getattr(server_args, "triton_attention_num_kv_splits", None) or 8,
@@ -292,8 +301,9 @@ def _plan_before_the_kv_pool(result, configurator, *args, **kwargs):
         return result
     decode = seams.EXEC_CONFIG.resolve()().graph.cuda_graph_config.decode
     graph_bs = 0 if decode.backend == "disabled" else int(decode.max_bs or 0)
+    _, decode_backend = seams.ATTENTION_BACKENDS.resolve()()
     shape = memory_shape(server_args, configurator.model_config, str(configurator.device), graph_bs,
-                         seams.PARALLEL_CONFIG.resolve()().attn_tp_size)
+                         seams.PARALLEL_CONFIG.resolve()().attn_tp_size, seams.SPEC_CONFIG.resolve()(), decode_backend)
     if shape is None:
         return result
     planned = plan(shape)

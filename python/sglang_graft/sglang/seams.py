@@ -250,6 +250,9 @@ SCHEDULE_CONFIG = Seam("sglang.srt.runtime_context.get_schedule",
 DEVICE_CONFIG = Seam("sglang.srt.runtime_context.get_device", "the resolved device GRAFT's engine is built on")
 EXEC_CONFIG = Seam("sglang.srt.runtime_context.get_exec", "read the largest decode CUDA-graph batch (it sizes the "
                    "speculative graph buffers GRAFT plans)")
+ATTENTION_BACKENDS = Seam("sglang.srt.runtime_context.attention_backends",
+                          "the resolved (prefill, decode) attention backends the memory plan prices (a flag the "
+                          "user left unset is None on server_args)")
 PARALLEL_CONFIG = Seam("sglang.srt.runtime_context.get_parallel", "read the attention tensor-parallel size (heads "
                        "per rank, for the memory plan) and the ranks that label GRAFT's metrics")
 OBSERVABILITY_CONFIG = Seam("sglang.srt.runtime_context.get_observability",

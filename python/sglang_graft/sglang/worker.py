@@ -41,6 +41,7 @@ import dataclasses
 import functools
 import logging
 import os
+import time
 from typing import Optional
 
 import torch
@@ -109,6 +110,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self.cuda_syncs = cuda_syncs()  # SGLANG_GRAFT_SYNC_DEBUG=1: torch's sync warnings counted
         self.attention_kernels = AttentionKernelCounter() if os.environ.get(COUNT_ENV) == "1" else None
         self.budget_states = BudgetStates()
+        self.start_up: dict = {}  # seconds of the start-up phases after model load (init_cuda_graphs)
         self.mask_scratch = MaskScratch(self.budgets[-1])  # FULL verify masks whose size the host does not know
         self.mask_modes: dict = {}  # verify steps per "target backend class:mask layout" (/server_info)
         self.prometheus = maybe_prometheus(server_args)
@@ -121,9 +123,15 @@ class GraftWorkerV2(EAGLEWorkerV2):
 
     # -- verify budgets: one SGLang runtime state (attention backends, verify graph) each --------
     def init_cuda_graphs(self):
+        start = time.perf_counter()
         super().init_cuda_graphs()
+        sglang_s, start = time.perf_counter() - start, time.perf_counter()
         self.budget_states.build(self, self.budgets)
-        self._warm_up_tree_kernels()
+        states_s, start = time.perf_counter() - start, time.perf_counter()
+        shapes = self._warm_up_tree_kernels()
+        # graft.start_up in /server_info: where a server's start goes after the model is loaded
+        self.start_up = {"sglang_graphs_s": round(sglang_s, 3), "budget_states_s": round(states_s, 3),
+                         "tree_kernel_shapes": shapes, "tree_kernel_warm_up_s": round(time.perf_counter() - start, 3)}
         if self.attention_kernels is not None:
             self._watch_attention_kernels()
 
@@ -138,11 +146,11 @@ class GraftWorkerV2(EAGLEWorkerV2):
         count("draft_extend", [dw.draft_extend_attn_backend, dw.draft_runner.attn_backend]
               + [s.draft_extend_attn_backend for s in states])
 
-    def _warm_up_tree_kernels(self) -> None:
+    def _warm_up_tree_kernels(self) -> int:
         """On CUDA, compile the Triton tree kernels for every pool size and budget now, not in the
-        first steps that need them (no-op on CPU)."""
+        first steps that need them (no-op on CPU); returns the number of shapes run."""
         if self.graft_cfg.placement != "root":
-            return  # the other placement runs the torch reference
+            return 0  # the other placement runs the torch reference
         mode = verify_mask_mode(self._target_worker.model_runner.attn_backend, self._draft_worker.tree_mask_mode)
         shapes = warm_up_graft_kernels(
             self.device, self.topk, self.speculative_num_steps,
@@ -150,6 +158,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
             {n: self.stepper.prune[n] for n in self.budgets}, overrides=self.stepper.cost_aware, mask_mode=mode)
         if shapes:
             logger.info("GRAFT compiled its tree kernels for %d step shapes", shapes)
+        return shapes
 
     # -- the step ----------------------------------------------------------------------------
     def forward_batch_generation(self, batch, *args, **kwargs):
@@ -442,6 +451,7 @@ def server_counters() -> Optional[dict]:
            "tp_checks": worker.tp_check.checks, "sync_free": worker.sync_free,
            "penalised_steps": worker.penalties.penalised_steps,
            "graph": _graph_stats(worker), "budget_states": worker.budget_states.as_dict(),
+           "start_up": worker.start_up,
            "memory_plan": server_memory_plan(), "config": dataclasses.asdict(worker.graft_cfg)}
     if worker._draft_worker is not None:
         out["verify_masks"] = dict(worker.mask_modes)  # "<target backend>:<mask layout>": steps
