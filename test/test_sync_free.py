@@ -315,7 +315,7 @@ def test_the_same_decisions_read_the_host_without_sync_free():
         plan = s.begin(["a"], torch.tensor([3]), s.retrieval.ring.pending(torch.tensor([0])))
         s.keep_drafting(plan, pools[0])
         s.build(plan, pools[min(plan.passes, 1)], torch.tensor([5]))
-    assert reads.total("sglang_graft.engine.step") == 2, reads.sites
+    assert reads.total("sglang_graft.engine") == 2, reads.sites  # step.py and its valuation, one each
 
 
 def test_sync_free_flag():
