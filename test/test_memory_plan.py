@@ -175,3 +175,32 @@ def test_the_plan_comes_out_of_the_kv_pool_before_sglang_sizes_it(tmp_path):
     with pytest.raises(ValueError, match=r"^GRAFT's speculative buffers need .* --max-running-requests \(48\) or "
                                          r"--speculative-eagle-topk \(4\), or raise --mem-fraction-static$"):
         budget_states.take_out_of_the_kv_pool(cpu["extra"], cpu)
+
+
+def test_the_hook_prices_the_shape_and_backend_sglang_resolved_not_the_flags_as_typed(tmp_path, monkeypatch):
+    """On CUDA a user who types only the algorithm and the head leaves ``attention_backend`` and the
+    draft shape None on ``server_args`` (SGLang resolves them into its runtime config, GRAFT switches
+    the backend to Triton there). The hook prices what SGLang resolved: before, it read ``server_args``
+    and either skipped the plan (no backend typed) or died comparing None with an int (a backend
+    typed, no shape)."""
+    from sglang_graft.sglang import seams
+
+    monkeypatch.setattr(budget_states, "_PLAN", None)  # this process's plan, restored after the test
+    model = types.SimpleNamespace(get_max_num_attention_heads=lambda: 32, context_len=8192, head_dim=128)
+    configurator = types.SimpleNamespace(server_args=_server_args(tmp_path, speculative_algorithm="GRAFT"),
+                                         is_draft_worker=False, model_config=model, device="cuda")
+    decode_graph = types.SimpleNamespace(backend="full", max_bs=32)
+    exec_config = types.SimpleNamespace(graph=types.SimpleNamespace(
+        cuda_graph_config=types.SimpleNamespace(decode=decode_graph)))
+    with seams.swapped(seams.ATTENTION_BACKENDS, lambda: ("triton", "triton"), required=True), \
+            seams.swapped(seams.SPEC_CONFIG, lambda: _spec(speculative_eagle_topk=8), required=True), \
+            seams.swapped(seams.EXEC_CONFIG, lambda: exec_config), \
+            seams.swapped(seams.PARALLEL_CONFIG, lambda: types.SimpleNamespace(attn_tp_size=1)):
+        left = budget_states._plan_before_the_kv_pool(10 * GiB, configurator)
+    planned = budget_states.server_memory_plan()
+    shape = planned["shape"]
+    assert (shape["backend"], shape["num_steps"], shape["topk"], shape["budgets"]) == ("triton", 6, 8, [1, 2, 4, 8, 12, 16])
+    assert planned == {**plan(budget_states.memory_shape(configurator.server_args, model, "cuda", 32, 1,
+                                                         _spec(speculative_eagle_topk=8), "triton")),
+                       "kv_bytes_profiled": 10 * GiB, "kv_bytes_taken": 10 * GiB - left}
+    assert left == 10 * GiB - max(planned["extra"], 0)
