@@ -32,7 +32,8 @@ shrinking batch; at two waves per level that drain is a large part of the run, w
 steady traffic never sees (benchmark/RESULTS.md, "Load in waves").
 
 ``EAGLE3-adaptive`` is SGLang's ``--speculative-adaptive`` on the usual 3-step chain (its depth
-follows acceptance and batch size); ``EAGLE3-chain`` and ``EAGLE3-tree`` are the static ones.
+follows acceptance and batch size); ``EAGLE3-chain``, ``EAGLE3-tree`` and ``NGRAM`` (SGLang's n-gram
+lookup, N 16 as in spec_bench) are the static ones.
 GRAFT methods add their step economy after each level (step-time breakdown, draft passes, budgets
 chosen; cumulative since the server started) to the JSON and the Markdown. ``--variant NAME=BASE
 ARGS`` adds method ``NAME``: ``BASE``'s flags and ``ARGS``, run after the ``--methods``; a GRAFT
@@ -74,6 +75,7 @@ METHODS = {
     "EAGLE3-tree": ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "4", "--speculative-eagle-topk",
                     "4", "--speculative-num-draft-tokens", "16"],
     "EAGLE3-chain": ["--speculative-algorithm", "EAGLE3", *CHAIN],
+    "NGRAM": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "16"],  # spec_bench's default N
     # SGLang's own adaptive speculation (candidate depths per batch size: SGLang's default config)
     "EAGLE3-adaptive": ["--speculative-algorithm", "EAGLE3", *CHAIN, *ADAPTIVE],
     "GRAFT": ["--speculative-algorithm", "GRAFT"],  # the defaults a user gets

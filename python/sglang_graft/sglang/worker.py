@@ -129,7 +129,9 @@ class GraftWorkerV2(EAGLEWorkerV2):
         self.budget_states.build(self, self.budgets)
         states_s, start = time.perf_counter() - start, time.perf_counter()
         shapes = self._warm_up_tree_kernels()
-        # graft.start_up in /server_info: where a server's start goes after the model is loaded
+        # graft.start_up in /server_info: where a server's start goes after the model is loaded. Host
+        # seconds: on CUDA a graph capture synchronises, and a Triton compile runs on the host, so the
+        # phases include them; kernel work still queued on the device at a phase's end is not counted.
         self.start_up = {"sglang_graphs_s": round(sglang_s, 3), "budget_states_s": round(states_s, 3),
                          "tree_kernel_shapes": shapes, "tree_kernel_warm_up_s": round(time.perf_counter() - start, 3)}
         if self.attention_kernels is not None:
