@@ -13,10 +13,13 @@
   target, in the format SGLang's
   ``LlamaForCausalLMEagle3`` loads (SpecForge's export format: one ``midlayer`` decoder layer fed
   by the fused low/mid/high target hidden states, ``fc``, ``norm``, a reduced draft vocabulary
-  ``lm_head`` and the ``d2t`` / ``t2d`` maps).
+  ``lm_head`` and the ``d2t`` / ``t2d`` maps);
+* a tiny random DFlash block draft for the Llama target, in the layout of the ``dflash`` reference
+  package's ``DFlashDraftModel`` (a Qwen3-style draft: q/k norms, no embedding or lm_head of its
+  own) that SGLang's ``--speculative-algorithm DFLASH`` loads (``srt/models/dflash.py``).
 
 Usage: ``python test/tiny_models.py OUT_DIR`` writes
-``OUT_DIR/{tokenizer,llama,qwen3,llama-eagle3,qwen3-moe,qwen3-moe-eagle3,gemma3,gemma3-eagle3}``.
+``OUT_DIR/{tokenizer,llama,qwen3,llama-eagle3,qwen3-moe,qwen3-moe-eagle3,gemma3,gemma3-eagle3,llama-dflash}``.
 """
 
 from __future__ import annotations
@@ -168,6 +171,87 @@ def build_eagle3_head(target_dir: Path, out: Path, seed: int = 1) -> None:
     (out / "config.json").write_text(json.dumps(head_cfg, indent=2))
 
 
+# The DFlash draft: a block of ``DFLASH_BLOCK`` positions (the last verified token, then mask tokens)
+# drafted in one non-causal forward, conditioned on the target's hidden states after layers
+# ``DFLASH_TARGET_LAYERS`` (HF layer-output ids; SGLang captures the inputs of layers id + 1, so ids
+# must stay below the target's last layer). The mask token is an ordinary id of the target vocabulary
+# (the tokenizer has no ``<|MASK|>`` to add, and SGLang cannot grow the target's embedding).
+DFLASH_BLOCK = 8
+DFLASH_TARGET_LAYERS = [0, 2]
+DFLASH_MASK_TOKEN_ID = VOCAB - 1
+# A random draft accepts nothing, which leaves a served test's multi-token commits untested. The tiny
+# Llama (seed 0) answers the prompt ``DFLASH_RUN_PROMPT`` greedily with a run of 22 ``DFLASH_AIM_TOKEN``
+# (then ``881 316 2024`` cycles): the draft's small random layers leave a mask position's residual
+# stream close to the mask token's embedding, and its final norm's gains are aimed so that the target's
+# lm_head reads that as ``DFLASH_AIM_TOKEN`` (every mask position proposes it: whole blocks accepted
+# within the run, partial blocks at its end, nothing on other prompts).
+DFLASH_AIM_TOKEN = 2024
+DFLASH_RUN_PROMPT = [9] * 20
+
+
+def build_dflash_draft(target_dir: Path, out: Path, seed: int = 4, num_layers: int = 2,
+                       aim_token: int | None = DFLASH_AIM_TOKEN) -> None:
+    """Random DFlash block draft for a tiny dense target: ``num_layers`` Qwen3-style decoder layers of
+    the target's width (``layers.N.self_attn.{q,k,v,o}_proj``, ``q_norm`` / ``k_norm``, SwiGLU MLP),
+    ``fc`` (the concatenated target hidden states -> hidden), ``hidden_norm`` and ``norm``; the draft
+    borrows the target's embedding and lm_head. Config: ``architectures = ["DFlashDraftModel"]``,
+    ``block_size``, ``num_target_layers``, ``layer_types`` and ``dflash_config`` (``block_size``,
+    ``target_layer_ids``, ``mask_token_id``), as the reference checkpoints write them. ``aim_token``:
+    the final norm's gains make every mask position propose that token (None: ones, a plain random
+    draft whose proposals the target almost never accepts)."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((target_dir / "config.json").read_text())
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape, std=0.01):  # small: a layer moves the residual stream by a few % of an embedding
+        return torch.randn(*shape, generator=g) * std
+
+    norm = torch.ones(h)
+    if aim_token is not None:
+        target = load_file(str(target_dir / "model.safetensors"))
+        mask_embedding = target["model.embed_tokens.weight"][DFLASH_MASK_TOKEN_ID]
+        # RMSNorm(x) * gains with x ~ the mask embedding e: gains = lm_head[aim] * sign(e) give
+        # lm_head[aim] * |e| / rms(e), whose logit for ``aim`` (a sum of squares) stands far above the others
+        norm = target["lm_head.weight"][aim_token] * torch.sign(mask_embedding)
+    tensors = {"fc.weight": w(h, len(DFLASH_TARGET_LAYERS) * h), "hidden_norm.weight": torch.ones(h),
+               "norm.weight": norm}
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        tensors.update({
+            p + "input_layernorm.weight": torch.ones(h),
+            p + "post_attention_layernorm.weight": torch.ones(h),
+            p + "self_attn.q_proj.weight": w(nh * hd, h),
+            p + "self_attn.k_proj.weight": w(nkv * hd, h),
+            p + "self_attn.v_proj.weight": w(nkv * hd, h),
+            p + "self_attn.o_proj.weight": w(h, nh * hd),
+            p + "self_attn.q_norm.weight": torch.ones(hd),
+            p + "self_attn.k_norm.weight": torch.ones(hd),
+            p + "mlp.gate_proj.weight": w(inter, h),
+            p + "mlp.up_proj.weight": w(inter, h),
+            p + "mlp.down_proj.weight": w(h, inter),
+        })
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    draft_cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": num_layers,
+        "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd,
+        "vocab_size": cfg["vocab_size"], "max_position_embeddings": cfg["max_position_embeddings"],
+        "rms_norm_eps": cfg["rms_norm_eps"], "rope_theta": 10000.0, "hidden_act": "silu",
+        "attention_bias": False, "tie_word_embeddings": False,
+        "layer_types": ["full_attention"] * num_layers,  # non-causal within the block, as trained
+        "bos_token_id": 0, "eos_token_id": 2, "torch_dtype": "float32",
+        "block_size": DFLASH_BLOCK, "num_target_layers": cfg["num_hidden_layers"],
+        "dflash_config": {"block_size": DFLASH_BLOCK, "target_layer_ids": list(DFLASH_TARGET_LAYERS),
+                          "mask_token_id": DFLASH_MASK_TOKEN_ID},
+    }
+    (out / "config.json").write_text(json.dumps(draft_cfg, indent=2))
+
+
 def hf_greedy(model_dir: Path, prompt_ids: list[list[int]], new_tokens: int, **config) -> list[list[int]]:
     """HF transformers' greedy continuations (float32, eager attention) of ``prompt_ids``, exactly
     ``new_tokens`` each; ``config``: attributes of the model config overridden first."""
@@ -192,7 +276,7 @@ def build_all(out: Path) -> dict[str, Path]:
     """Build every tiny fixture under ``out`` (idempotent); returns their directories."""
     out = Path(out)
     paths = {name: out / name for name in ("tokenizer", "llama", "qwen3", "llama-eagle3", "qwen3-moe",
-                                           "qwen3-moe-eagle3", "gemma3", "gemma3-eagle3")}
+                                           "qwen3-moe-eagle3", "gemma3", "gemma3-eagle3", "llama-dflash")}
     if not (paths["tokenizer"] / "tokenizer.json").exists():
         build_tokenizer(paths["tokenizer"])
     for kind in ("llama", "qwen3", "qwen3-moe", "gemma3"):
@@ -201,6 +285,8 @@ def build_all(out: Path) -> dict[str, Path]:
     for target, seed in (("llama", 1), ("qwen3-moe", 2), ("gemma3", 3)):
         if not (paths[f"{target}-eagle3"] / "config.json").exists():
             build_eagle3_head(paths[target], paths[f"{target}-eagle3"], seed=seed)
+    if not (paths["llama-dflash"] / "config.json").exists():
+        build_dflash_draft(paths["llama"], paths["llama-dflash"])
     return paths
 
 

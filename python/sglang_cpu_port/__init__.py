@@ -5,8 +5,11 @@ not part of GRAFT (GRAFT's plugin does not import it; it serves any SGLang model
 by this package's own ``sglang.srt.plugins`` entry point, :func:`register`) keeps SGLang's ``intel_amx`` attention backend, whose kernels the
 stand-in provides in pure torch, on CPUs that have no AMX, computes float32 linears and lm_heads of
 a few rows with a batch-invariant kernel (``linear``), runs a verify's forward on the rows that
-are read only (``rows``), and replaces two MoE paths that fail on
-a CPU (``moe``: Qwen2-MoE's Triton shared-expert gate, ``--ep-size > 1``'s ``-1`` expert ids).
+are read only (``rows``), replaces two MoE paths that fail on
+a CPU (``moe``: Qwen2-MoE's Triton shared-expert gate, ``--ep-size > 1``'s ``-1`` expert ids), and
+serves SGLang's own ``--speculative-algorithm DFLASH`` block drafts (``dflash``: its CPU refusal at
+argument resolution, its GPU-only draft backends, a CUDA stream call, the intel_amx backend's tree
+gate and SGLang's bfloat16 cast of a float32 model's input embeddings).
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ def take_cuda_branches() -> None:
 def install_hooks() -> bool:
     """Register the CPU hooks with SGLang's HookRegistry; a no-op unless the stand-in serves."""
     from sglang_graft.sglang import seams
-    from sglang_cpu_port import linear, moe, quiet, rows
+    from sglang_cpu_port import dflash, linear, moe, quiet, rows
 
     if not (seams.IS_CPU.resolve()() and standin_active()):
         return False
@@ -112,6 +115,11 @@ def install_hooks() -> bool:
     seams.register_hook(seams.CPU_SHARED_EXPERT_GATE, moe._shared_gate_on_cpu, "AROUND")
     seams.register_hook(seams.CPU_MOE_NATIVE, moe._local_experts_only, "AROUND")
     seams.register_hook(seams.CPU_START_METHOD, _fork_subprocesses, "AFTER")
+    seams.register_hook(seams.CPU_DFLASH_ARGS, dflash._handle_dflash_on_cpu, "AROUND")
+    seams.register_hook(seams.CPU_DFLASH_DRAFT_BACKEND, dflash._draft_backend_on_cpu, "AROUND")
+    seams.register_hook(seams.CPU_DFLASH_STEP, dflash._step_without_streams, "AROUND")
+    seams.register_hook(seams.CPU_AMX_EXTEND_METADATA, dflash._chain_extend_metadata, "AROUND")
+    seams.register_hook(seams.CPU_EXTEND_KWARGS, dflash._float32_input_embeds, "AFTER")
     if os.environ.get(CUDA_BRANCHES_ENV) == "1":
         take_cuda_branches()
     quiet.raise_nofile_limit()  # as far as SGLang's own set_ulimit would, were the hard limit lower

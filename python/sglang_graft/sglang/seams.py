@@ -218,6 +218,21 @@ CPU_SHARED_EXPERT_GATE = Seam("sglang.kernels.ops.elementwise.elementwise.fused_
                               "add Qwen2-MoE's gated shared expert in torch on CPU (the Triton kernel needs a GPU)")
 CPU_MOE_NATIVE = Seam("sglang.srt.layers.moe.fused_moe_native.moe_forward_native",
                       "serve --ep-size > 1 on CPU: drop other ranks' experts (id -1) from the native MoE loop")
+CPU_DFLASH_ARGS = Seam("sglang.srt.arg_groups.speculative_hook._handle_dflash",
+                       "accept --speculative-algorithm DFLASH with --device cpu (SGLang allows it on CUDA, NPU, "
+                       "XPU and out-of-tree platforms only)")
+SPEC_ARGS_PLATFORM = Seam("sglang.srt.arg_groups.speculative_hook.current_platform",
+                          "answer DFLASH's platform questions for the CPU while its server args resolve")
+CPU_DFLASH_DRAFT_BACKEND = Seam(f"{_SW}.draft_worker_common.resolve_draft_worker_attention_backend",
+                                "give a DFLASH draft worker on CPU the intel_amx attention backend")
+DRAFT_BACKEND_CHOICES = Seam(f"{_SW}.draft_worker_common.DRAFT_ATTENTION_BACKEND_CHOICES",
+                             "add intel_amx to the draft worker's backends while a CPU draft worker resolves its own")
+CPU_DFLASH_STEP = Seam(f"{_SW}.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
+                       "run SGLang's DFLASH step on CPU tensors (its CUDA stream bookkeeping left out)")
+CPU_AMX_EXTEND_METADATA = Seam("sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend._build_extend_metadata",
+                               "serve a DFLASH block (draft and verify: a chain, no tree) on the intel_amx backend")
+CPU_EXTEND_KWARGS = Seam("sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs",
+                         "hand a float32 model its input embeddings in float32 (a DFLASH draft block's)")
 _WU = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
 CPU_WEIGHT_UPDATES = tuple(
     Seam(f"{_WU}.{name}", "re-pack the CPU port's small-row kernel weights after SGLang changes the weights")
