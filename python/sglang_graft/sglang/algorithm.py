@@ -6,17 +6,26 @@ aux hidden-state capture, future map, CUDA-graph dummies) and defines the method
 on every algorithm but ``CustomSpecAlgo`` lacks. ``handle_server_args`` refuses, with one line
 naming the flag, every setting under which GRAFT's output would not be lossless or that GRAFT
 has not been checked with.
+
+The draft model's type selects the draft kind, once, in ``handle_server_args``: a draft whose config
+says ``architectures: ["DFlashDraftModel"]`` (:data:`DFLASH_ARCHITECTURES`) is a DFlash block draft,
+every other draft an EAGLE-3 head. The kind is kept in the launch config
+(:func:`launch_config.draft_kind`, which the processes SGLang starts read); with a DFlash draft the
+predicates answer as SGLang's DFLASH (its layer capture, draft KV pool and verify input), the server
+args are resolved as SGLang resolves DFLASH's, and the worker is
+:class:`~sglang_graft.sglang.block_worker.GraftDFlashWorker` (the chain-grafted block mode).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 
 from sglang_graft import config as graft_config
 from sglang_graft.sglang import seams
-from sglang_graft.sglang.launch_config import config_of, set_config
+from sglang_graft.sglang.launch_config import DFLASH, EAGLE3, config_of, draft_kind, set_config
 
 logger = logging.getLogger(__name__)
 
@@ -32,28 +41,48 @@ DEFAULT_CUDA_BACKEND = "triton"
 # draft extend) runs under the Triton interpreter: slow, for executing the GPU path without a GPU.
 INTERPRETED_BACKEND = "triton"
 TRITON_INTERPRET_ENV = "TRITON_INTERPRET"
+# Draft architectures GRAFT serves as DFlash block drafts (chain-grafted); every other draft is an EAGLE-3 head.
+DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
 
 
 CustomSpecAlgo = seams.CUSTOM_SPEC_ALGO.resolve()
 
 
+def _block() -> bool:
+    """Whether this launch drafts with a DFlash block draft (:func:`launch_config.draft_kind`)."""
+    return draft_kind() == DFLASH
+
+
 class GraftAlgorithm(CustomSpecAlgo):
-    """Predicates of an EAGLE-3 algorithm (GRAFT drafts with an EAGLE-3 head)."""
+    """Predicates of an EAGLE-3 algorithm (GRAFT drafts with an EAGLE-3 head), or of SGLang's DFLASH
+    where the launch's draft is a DFlash block draft."""
 
     def is_eagle(self) -> bool:
-        return True
+        return not _block()
 
     def is_eagle3(self) -> bool:
-        return True
+        return not _block()
+
+    def is_dflash(self) -> bool:
+        return _block()
+
+    def is_dflash_family(self) -> bool:
+        return _block()
+
+    def supports_target_verify_for_draft(self) -> bool:
+        return _block()  # the DFlash draft's block runs as a TARGET_VERIFY forward
+
+    def supports_prefill_shared_read_done(self) -> bool:
+        return _block()
 
     def has_draft_kv(self) -> bool:
         return True
 
     def need_topk(self) -> bool:
-        return True
+        return not _block()
 
     def carries_draft_hidden_states(self) -> bool:
-        return True
+        return not _block()
 
     def supports_grammar_overlap(self) -> bool:
         return False
@@ -71,8 +100,12 @@ class GraftAlgorithm(CustomSpecAlgo):
 
     def handle_server_args(self, sa) -> None:
         """Defaults as SGLang sets them for EAGLE, written on the resolution recorder, then the
-        launch guards (:func:`check_server_args`)."""
+        launch guards (:func:`check_server_args`); with a DFlash block draft
+        :func:`handle_block_server_args` instead."""
         seams.check_hooks_applied()
+        if draft_kind_of(sa) == DFLASH:
+            handle_block_server_args(sa)
+            return
         if sa.max_running_requests is None:
             sa.max_running_requests = 48
         if sa.device == "cpu" and not sa.disable_overlap_schedule:
@@ -86,8 +119,89 @@ class GraftAlgorithm(CustomSpecAlgo):
         cfg = config_of(sa)
         graft_config.validate(cfg, num_nodes=n, num_steps=steps, topk=topk)
         setattr(sa, seams.GRAFT_CONFIG_ATTR, cfg)  # the record carries it within this process,
-        set_config(cfg)  # the environment to the processes this one starts
+        set_config(cfg, EAGLE3)  # the environment to the processes this one starts
         check_server_args(sa)
+
+
+def draft_kind_of(sa) -> str:
+    """:data:`~launch_config.DFLASH` where the draft model's config names a DFlash block draft
+    (:data:`DFLASH_ARCHITECTURES`), else :data:`~launch_config.EAGLE3` (also without a draft path,
+    which :func:`check_server_args` refuses). Read with SGLang's config loader, as SGLang reads the
+    draft's architectures when it resolves the algorithm's name (``speculative_hook``'s
+    ``_resolve_speculative_algorithm_alias``, which has read this config already; should it fail here
+    the draft is taken for an EAGLE-3 head, as before the block mode, and the failure logged)."""
+    if not sa.speculative_draft_model_path:
+        return EAGLE3
+    kwargs = {}
+    override = sa.decrypted_draft_config_file
+    if override and override.strip():
+        kwargs["_configuration_file"] = override.strip()
+    try:
+        hf_config = seams.DRAFT_HF_CONFIG.resolve()(sa.speculative_draft_model_path,
+                                                     trust_remote_code=sa.trust_remote_code, **kwargs)
+    except Exception as e:  # noqa: BLE001 -- logged; the EAGLE-3 path reports its own load errors
+        logger.warning("GRAFT: could not read the draft's config (%s: %s); taking it for an EAGLE-3 head",
+                       type(e).__name__, e)
+        return EAGLE3
+    architectures = getattr(hf_config, "architectures", None) or []
+    return DFLASH if any(a in DFLASH_ARCHITECTURES for a in architectures) else EAGLE3
+
+
+# Server-args fields SGLang's DFLASH resolution decides; declared again on the recorder afterwards
+_DFLASH_FIELDS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+                  "speculative_draft_attention_backend", "max_running_requests")
+
+
+def handle_block_server_args(sa) -> None:
+    """A DFlash block draft: SGLang's own DFLASH resolution (block size from the draft config, one
+    step of topk 1, the draft attention backend, 48 running requests), the overlap scheduler and
+    mixed chunks off (the block mode reads each step's kept lengths and committed tokens on the
+    host), GRAFT's config validated for a chain of ``block - 1`` draft depths, and the lossless
+    guards (:func:`check_block_server_args`).
+
+    SGLang hands a plugin's resolver a recorder of its writes; ``_handle_dflash`` declares on the
+    record it reads through, so each field it decides is read back and written on the recorder,
+    declared either way."""
+    seams.DFLASH_ARGS.resolve()(sa)
+    for name in _DFLASH_FIELDS:
+        setattr(sa, name, getattr(sa, name))
+    if not sa.disable_overlap_schedule:
+        sa.disable_overlap_schedule = True
+    if sa.enable_mixed_chunk:
+        sa.enable_mixed_chunk = False
+    block = int(sa.speculative_num_draft_tokens)
+    cfg = config_of(sa)
+    # the tree's keep fractions have no role in a block (none given: one per checkpoint, for the check)
+    unused = {} if cfg.keep_fractions else {"keep_fractions": (1.0,) * len(cfg.resolved_checkpoints(block - 1))}
+    graft_config.validate(dataclasses.replace(cfg, **unused), num_nodes=block, num_steps=block - 1, topk=1)
+    setattr(sa, seams.GRAFT_CONFIG_ATTR, cfg)
+    set_config(cfg, DFLASH)
+    check_block_server_args(sa)
+
+
+def check_block_server_args(sa) -> None:
+    """The launch guards of the block mode, one line naming the flag: the lossless ones
+    (:func:`check_server_args`'s acceptance thresholds, adaptive depth, pipeline and data parallel
+    attention, disaggregation) and one rank."""
+    if sa.device not in TREE_VERIFY_BACKENDS:
+        raise ValueError(f"GRAFT runs on --device cuda or cpu, got --device {sa.device}")
+    raw = seams.server_args_attr(sa, seams.RAW_INPUT, default={})
+    for flag in ("speculative_accept_threshold_single", "speculative_accept_threshold_acc"):
+        value = getattr(sa, flag)
+        if value is not None and value != 1.0:
+            raise ValueError(f"--{flag.replace('_', '-')} {value} relaxes acceptance, which is lossy; "
+                             "GRAFT is lossless and needs 1.0")
+    if raw.get("speculative_adaptive") or sa.speculative_adaptive:
+        raise ValueError("--speculative-adaptive is not supported by GRAFT")
+    if sa.tp_size is not None and sa.tp_size > 1:
+        raise ValueError(f"--tp-size {sa.tp_size}: GRAFT with a DFlash block draft runs on one rank")
+    if sa.pp_size is not None and sa.pp_size > 1:
+        raise ValueError(f"--pp-size {sa.pp_size}: GRAFT does not support pipeline parallelism")
+    if sa.enable_dp_attention:
+        raise ValueError("--enable-dp-attention is not supported by GRAFT")
+    if sa.disaggregation_mode not in (None, "null"):
+        raise ValueError(f"--disaggregation-mode {sa.disaggregation_mode} is not supported by GRAFT "
+                         "(retrieval stores are built while a request is prefilled)")
 
 
 def check_server_args(sa) -> None:
@@ -183,6 +297,10 @@ def _check_attention_backend(sa, raw: dict) -> None:
 
 
 def _factory(server_args):
+    if _block():
+        from sglang_graft.sglang.block_worker import GraftDFlashWorker
+
+        return GraftDFlashWorker
     from sglang_graft.sglang.worker import GraftWorkerV2
 
     return GraftWorkerV2

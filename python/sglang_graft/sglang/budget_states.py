@@ -36,6 +36,7 @@ from typing import Callable, Optional
 import torch
 
 from sglang_graft.sglang import seams
+from sglang_graft.sglang.launch_config import EAGLE3, draft_kind
 from sglang_graft.sglang.memory_plan import BACKENDS, SpecMemoryShape, gib, plan
 
 
@@ -297,8 +298,8 @@ def _plan_before_the_kv_pool(result, configurator, *args, **kwargs):
     ``/server_info``."""
     global _PLAN
     server_args = configurator.server_args
-    if configurator.is_draft_worker or server_args.speculative_algorithm != "GRAFT":
-        return result
+    if configurator.is_draft_worker or server_args.speculative_algorithm != "GRAFT" or draft_kind() != EAGLE3:
+        return result  # (a DFlash block draft verifies one block: SGLang's DFLASH buffers, nothing extra)
     decode = seams.EXEC_CONFIG.resolve()().graph.cuda_graph_config.decode
     graph_bs = 0 if decode.backend == "disabled" else int(decode.max_bs or 0)
     _, decode_backend = seams.ATTENTION_BACKENDS.resolve()()

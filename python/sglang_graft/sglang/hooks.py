@@ -19,6 +19,7 @@ import functools
 import logging
 import operator
 import socket
+import sys
 import time
 from collections import Counter
 from typing import Optional
@@ -68,13 +69,22 @@ def _free_request_state(result, req, *args, **kwargs):
     from sglang_graft.sglang.worker import release_request
 
     release_request(req.rid)
+    block = sys.modules.get(_BLOCK_WORKER)  # a DFlash block draft's worker, where one was built
+    if block is not None:
+        block.release_request(req.rid)
     return result
+
+
+_BLOCK_WORKER = "sglang_graft.sglang.block_worker"
 
 
 def _add_server_info(result, controller, state, *args, **kwargs):
     from sglang_graft.sglang.worker import server_counters
 
     counters = server_counters()
+    block = sys.modules.get(_BLOCK_WORKER)
+    if counters is None and block is not None:
+        counters = block.server_counters()
     if counters is not None:
         sched = controller.scheduler
         # free KV slots counting evictable prefix-cache entries: back to the idle value once

@@ -99,6 +99,17 @@ TP_GROUP = Seam("sglang.srt.distributed.parallel_state.get_tp_group",
                 "average measured step costs over the tensor-parallel ranks (identical decisions)")
 HOOK_REGISTRY = Seam("sglang.srt.plugins.hook_registry.HookRegistry", "wrap SGLang functions")
 HOOK_TYPE = Seam("sglang.srt.plugins.hook_registry.HookType", "wrap SGLang functions")
+DFLASH_WORKER = Seam(f"{_SW}.dflash_worker_v2.DFlashWorkerV2",
+                     "run GRAFT with a DFlash block draft (subclassed: the block pruned by its confidences, "
+                     "retrieved chains grafted into the freed positions)")
+DFLASH_ARGS = Seam("sglang.srt.arg_groups.speculative_hook._handle_dflash",
+                   "resolve a DFlash draft's server args under GRAFT as SGLang resolves DFLASH's (block size, "
+                   "one step of topk 1, the draft attention backend)")
+DRAFT_HF_CONFIG = Seam("sglang.srt.utils.hf_transformers_utils.get_config",
+                       "read the draft model's architectures (an EAGLE-3 head or a DFlash block draft)")
+DFLASH_SAMPLING_VERIFY = Seam(f"{_SW}.dflash_utils.is_dflash_sampling_verify_available",
+                              "tell whether DFLASH verifies sampled requests by sampling on this device "
+                              "(SGLang verifies them greedily where it cannot)")
 TRITON_ATTN_BACKEND = Seam("sglang.srt.layers.attention.triton_backend.TritonAttnBackend",
                            "write the verify mask in the FULL rows SGLang's Triton backend reads, also on a CPU "
                            "(TRITON_INTERPRET=1), where SGLang's default layout is intel_amx's QLEN_ONLY")
@@ -295,6 +306,8 @@ DRAFT_EXTEND_FOR_PREFILL = Seam(f"{_SW}.eagle_worker_v2.EagleDraftWorker._draft_
                                 "catch the draft up on the tokens of plain steps that deferred its extend (a ragged "
                                 "extend over several positions per request, as a prefill chunk)")
 FORWARD_MODE = Seam("sglang.srt.model_executor.forward_batch_info.ForwardMode", "run the catch-up as an extend")
+DFLASH_WORKER_OVERRIDES = ("forward_batch_generation", "_greedy_sample_from_vocab_parallel_head",
+                           "_maybe_build_draft_sampler")
 DRAFT_WORKER_OVERRIDES = ("draft", "_capture_cuda_graphs", "_draft_extend_for_decode", "_rebuild_topk1_chain_buffers")
 
 # -- attributes -------------------------------------------------------------------------------------

@@ -1,0 +1,134 @@
+"""GRAFT's prune and graft rule for a block draft (a DFlash head's chain), on tensors.
+
+A DFlash block is the last verified token (the root) followed by ``M = block_size - 1`` draft
+tokens, each the greedy choice of the draft at its position with confidence ``p_j`` (the softmax
+probability of that choice). The block's per-position confidences play the role of the tree's
+confidence checkpoints:
+
+1. **prune** (:func:`kept_lengths`): the cumulative confidence ``c_d = p_1 * ... * p_{d+1}`` is the
+   probability of the block's path down to draft depth ``d`` (0-based; position ``d + 1``); the kept
+   prefix is the longest prefix whose every position satisfies ``c_d >= t(d)``, where ``t(d)`` is the
+   threshold of the deepest checkpoint at depth ``<= d`` (``--speculative-graft-checkpoint-depths``
+   and ``--speculative-graft-thresholds``, defaults 0 / 1 / 5 and 0.35 / 0.25 / 0.15; one checkpoint
+   at depth 0 is one threshold for every position; depths before the first checkpoint use its
+   threshold);
+2. **retrieve** (the worker): the retrieval sources' tree continuing the context plus the kept
+   prefix, and its best chain (:func:`best_chain`: the highest-priority child at every level);
+3. **graft** (:func:`graft_block`): the chain goes into the freed slots (the positions after the kept
+   prefix); where the chain ends, or retrieval has nothing, the draft's own tokens stay.
+
+Worked example (``M = 7``, one checkpoint at depth 0 with threshold 0.5)::
+
+    draft      [a, b, c, d, e, f, g]       p = [0.9, 0.8, 0.6, ...]  c = [0.9, 0.72, 0.43, ...]
+    kept = 2 (c_2 = 0.43 < 0.5)            chain after "root a b" = [x, y, z] (3 tokens)
+    grafted    [a, b, x, y, z, f, g]       retrieved [F, F, T, T, T, F, F]
+
+The target verifies the grafted block as a causal chain with SGLang's unchanged acceptance rule
+(the longest prefix where every token is the target's own choice), so the output is what the target
+alone produces whatever the block holds: the rule changes speed only. A grafted token equal to the
+draft's own counts as the draft's (the tree's ``retrieval only`` provenance).
+
+No SGLang import: torch only (the tree core's proposal type for :func:`best_chain`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from sglang_graft.tree import RetrievalProposals
+
+__all__ = ["depth_thresholds", "kept_lengths", "best_chain", "graft_block", "accepted_provenance"]
+
+
+def depth_thresholds(checkpoint_depths: Sequence[int], thresholds: Sequence[float], num_positions: int) -> torch.Tensor:
+    """``[num_positions] float32`` threshold ``t(d)`` of each draft depth ``d``: the threshold of the
+    deepest checkpoint at depth ``<= d`` (the first checkpoint's for depths before it).
+
+    Example: depths ``(0, 1, 5)``, thresholds ``(0.35, 0.25, 0.15)``, 7 positions ->
+    ``[0.35, 0.25, 0.25, 0.25, 0.25, 0.15, 0.15]``."""
+    if len(checkpoint_depths) != len(thresholds) or not thresholds:
+        raise ValueError(f"one threshold per checkpoint depth, got {list(checkpoint_depths)} and {list(thresholds)}")
+    out = []
+    for d in range(num_positions):
+        at = [i for i, depth in enumerate(checkpoint_depths) if depth <= d]
+        out.append(float(thresholds[at[-1] if at else 0]))
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def kept_lengths(confidence: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """Draft tokens kept per request: ``confidence [bs, M]`` (each position's ``p_j`` in ``[0, 1]``),
+    ``threshold [M]`` (:func:`depth_thresholds`) -> ``[bs] int64`` in ``[0, M]``, the longest prefix
+    whose cumulative confidence stays at or above the threshold at every position."""
+    cumulative = torch.cumprod(confidence.float(), dim=1)
+    ok = cumulative >= threshold.to(cumulative.device)[None, :]
+    return torch.cumprod(ok.to(torch.int64), dim=1).sum(dim=1)
+
+
+def best_chain(proposals: RetrievalProposals, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best chain of each request's retrieved tree: from the anchor, the valid child of highest
+    priority at every level (the first one on a tie), for at most ``length`` levels.
+
+    Args:
+        proposals: ``[bs, R]`` tokens, parents (``-1``: child of the anchor, ``parents[j] < j``),
+            priority (higher is better) and valid.
+        length: most tokens per chain.
+
+    Returns:
+        ``(tokens, valid)``, ``[bs, length]`` int64 and bool; ``valid`` is a prefix (the chain ends
+        at the first level with no valid child), tokens are 0 past it."""
+    tokens, parents = proposals.tokens.to(torch.int64), proposals.parents.to(torch.int64)
+    bs, r = tokens.shape
+    device = tokens.device
+    out = torch.zeros((bs, length), dtype=torch.int64, device=device)
+    ok = torch.zeros((bs, length), dtype=torch.bool, device=device)
+    if r == 0 or length == 0:
+        return out, ok
+    current = torch.full((bs,), -1, dtype=torch.int64, device=device)  # -1: the anchor
+    minus_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=device)
+    for level in range(length):
+        children = proposals.valid & (parents == current[:, None])
+        has = children.any(dim=1)
+        if not bool(has.any()):
+            break
+        best = torch.where(children, proposals.priority.float(), minus_inf).argmax(dim=1)
+        out[:, level] = torch.where(has, tokens.gather(1, best[:, None])[:, 0], 0)
+        ok[:, level] = has
+        current = torch.where(has, best, -2)  # -2 is nobody's parent: the chain has ended
+    return out, ok
+
+
+def graft_block(draft: torch.Tensor, kept: torch.Tensor, chain: torch.Tensor,
+                chain_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's draft tokens with the retrieved chain in the freed slots.
+
+    Args:
+        draft: ``[bs, M]`` the draft's tokens (block positions ``1..M``).
+        kept: ``[bs]`` kept prefix lengths (:func:`kept_lengths`).
+        chain: ``[bs, L]`` the chain continuing each kept prefix (:func:`best_chain`), ``L >= 0``.
+        chain_valid: ``[bs, L]`` bool, a prefix of each row.
+
+    Returns:
+        ``(tokens, retrieved)``: ``[bs, M]`` the block to verify, and ``[bs, M]`` bool where a
+        retrieved token replaced a different draft token."""
+    bs, m = draft.shape
+    if chain.shape[1] == 0:
+        return draft.clone(), torch.zeros_like(draft, dtype=torch.bool)
+    offset = torch.arange(m, device=draft.device)[None, :] - kept.to(torch.int64)[:, None]  # chain index
+    index = offset.clamp(0, chain.shape[1] - 1)
+    use = (offset >= 0) & (offset < chain.shape[1]) & chain_valid.gather(1, index)
+    source = chain.to(draft.dtype).gather(1, index)
+    tokens = torch.where(use, source, draft)
+    return tokens, use & (source != draft)
+
+
+def accepted_provenance(retrieved: torch.Tensor, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accepted draft positions by origin: ``retrieved [bs, M]`` (:func:`graft_block`) and
+    ``accepted [bs]`` (draft tokens accepted, the bonus token excluded) -> ``(from_retrieval,
+    from_draft)``, ``[bs] int64`` each, summing to ``accepted``."""
+    m = retrieved.shape[1]
+    accepted = accepted.to(torch.int64).to(retrieved.device)
+    inside = torch.arange(m, device=retrieved.device)[None, :] < accepted[:, None]
+    from_retrieval = (retrieved & inside).sum(dim=1)
+    return from_retrieval, accepted - from_retrieval

@@ -1,0 +1,289 @@
+"""``GraftDFlashWorker``: GRAFT with a DFlash block draft, chain-grafted (``--speculative-algorithm
+GRAFT`` with a draft whose config says ``architectures: ["DFlashDraftModel"]``).
+
+SGLang's ``DFlashWorkerV2.forward_batch_generation`` drives every step, unchanged: the draft
+proposes a block ``[bs, B]`` (column 0 the last verified token, then ``B - 1`` draft tokens, the
+greedy choices of the target's lm_head over the draft's hidden states), the target verifies it as a
+causal chain, SGLang accepts the longest prefix the target agrees with and appends the target's
+hidden states of the committed tokens to the draft KV. GRAFT changes what the block holds before the
+verify, where SGLang picks the draft tokens (:meth:`GraftDFlashWorker._greedy_sample_from_vocab_parallel_head`):
+
+1. the same greedy tokens, with each position's confidence (the softmax probability of its choice,
+   from the same logits);
+2. the block pruned where its cumulative confidence falls below the checkpoints' thresholds, the
+   retrieval sources' best chain continuing the context plus the kept prefix grafted into the freed
+   positions (:mod:`sglang_graft.sglang.block_graft`); where retrieval has nothing, the draft's own
+   tokens stay.
+
+The draft conditions on the target's hidden states of committed tokens only, and the verify and
+acceptance rule are SGLang's, so replacing block tokens keeps the output the target's own: lossless
+by construction. Retrieval (:class:`~sglang_graft.engine.retrieval_state.GraftRetrieval`, reused as
+it is) admits each request at prefill, gets its first root at its first decode step and every
+committed token after each verify; the verified block's logits feed the recycling matrix.
+
+Sampling: DFLASH's sampled verify (``compute_dflash_sampling_correct_drafts_and_bonus``) is
+target-only (a rejected position's residual holds the candidate's mass only, no draft
+probabilities), so a grafted token is verified exactly as a draft token is and sampled requests are
+grafted too. Where SGLang has no sampled DFLASH verify (a CPU), SGLang itself verifies every
+request greedily and logs that it does; GRAFT's block mode inherits that (``graft_verify`` says
+``greedy``).
+
+Host reads: each decode step reads the kept lengths (to query retrieval), and the committed tokens
+(to feed the stores), as the EAGLE-3 worker does with ``--speculative-graft-sync-free off``; the
+overlap scheduler is off in this mode. Not done: the tree mode, tensor parallelism (the confidence
+head is the single-rank dense lm_head), selector / LiLiCorr / Domino DFlash heads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang_graft.engine.retrieval_state import GraftRetrieval
+from sglang_graft.sglang import seams
+from sglang_graft.sglang.block_graft import accepted_provenance, best_chain, depth_thresholds, graft_block, kept_lengths
+from sglang_graft.sglang.launch_config import config_of
+
+logger = logging.getLogger(__name__)
+
+DFlashWorkerV2 = seams.DFLASH_WORKER.resolve()
+
+# Pruning stages reported per step (graft_stage): the block kept whole, or pruned (a graft attempted).
+KEPT_WHOLE, PRUNED = 0, 1
+
+
+@dataclass
+class BlockStep:
+    """One decode step's block, as the worker builds it (``bs`` requests, ``M = B - 1`` draft slots).
+
+    Attributes:
+        rids: the batch's request ids.
+        bonus: ``[bs] int64`` each block's column 0 (the last verified token, the root).
+        kept: ``[bs] int64`` draft tokens kept (:func:`block_graft.kept_lengths`).
+        block: ``[bs, M] int64`` the draft slots the target verifies.
+        retrieved: ``[bs, M] bool`` slots where a retrieved token replaced the draft's.
+    """
+
+    rids: list
+    bonus: torch.Tensor
+    kept: Optional[torch.Tensor] = None
+    block: Optional[torch.Tensor] = None
+    retrieved: Optional[torch.Tensor] = None
+
+
+@dataclass
+class BlockCounters:
+    """Block-mode numbers for ``/server_info`` (``graft.block``), summed over request-steps."""
+
+    steps: int = 0  # decode request-steps
+    pruned_steps: int = 0  # ... whose block was cut before its end
+    kept_tokens: int = 0  # draft tokens kept
+    grafted_tokens: int = 0  # slots where a retrieved token replaced the draft's
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def greedy_with_confidence(hidden_states: torch.Tensor, lm_head, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target lm_head's greedy token of each row, as SGLang's single-rank DFLASH head picks it
+    (``DFlashWorkerV2._greedy_sample_from_vocab_parallel_head``: the same matmul over the same
+    vocabulary rows, chunked alike, the same reduction), and its softmax probability.
+
+    Args:
+        hidden_states: ``[T, hidden]`` the draft's hidden states of the block's draft positions.
+        lm_head: the target's dense lm_head (one rank, no added vocabulary).
+        chunk_size: SGLang's chunk of rows.
+
+    Returns:
+        ``(tokens [T] int64, confidence [T] float32)``."""
+    weight = lm_head.weight
+    shard = getattr(lm_head, "shard_indices", None)
+    if shard is None:  # SGLang: chunks of chunk_size, argmax over every weight row
+        rows, start, step, argmax = weight, 0, int(chunk_size), True
+    else:  # SGLang's single-rank fast path: chunks of at least 1024, max over the base vocabulary
+        rows, start, step, argmax = weight[: int(shard.num_org_elements)], int(shard.org_vocab_start_index), \
+            max(int(chunk_size), 1024), False
+    num_tokens = int(hidden_states.shape[0])
+    tokens = torch.empty((num_tokens,), dtype=torch.long, device=hidden_states.device)
+    confidence = torch.empty((num_tokens,), dtype=torch.float32, device=hidden_states.device)
+    for lo in range(0, num_tokens, step):
+        hi = min(num_tokens, lo + step)
+        hs = hidden_states[lo:hi]
+        logits = torch.matmul(hs if hs.dtype == weight.dtype else hs.to(weight.dtype), rows.T)
+        best, arg = torch.max(logits, dim=-1)
+        if argmax:
+            arg = torch.argmax(logits, dim=-1)
+        tokens[lo:hi] = arg.to(torch.long) + start
+        confidence[lo:hi] = torch.exp(best.float() - torch.logsumexp(logits.float(), dim=-1))
+    return tokens, confidence
+
+
+def _check_supported(worker, target_worker) -> None:
+    """Refuse, naming the reason, what the block mode does not serve: DFlash heads with a candidate
+    selector, LiLiCorr or Domino (their tokens are not the greedy head's), tensor parallelism and a
+    target lm_head without a dense single-rank weight (the confidences come from that head)."""
+    if worker.selector is not None or worker.lilicorr is not None or worker._is_domino:
+        raise ValueError("GRAFT grafts plain DFlash block drafts; this draft has a candidate selector, a LiLiCorr "
+                         "or a Domino head (use --speculative-algorithm DFLASH)")
+    if seams.TP_GROUP.resolve()().world_size > 1:
+        raise ValueError("GRAFT with a DFlash block draft runs on one rank (--tp-size 1)")
+    lm_head = getattr(target_worker.model_runner.model, "lm_head", None)
+    weight = getattr(lm_head, "weight", None)
+    shard = getattr(lm_head, "shard_indices", None)
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or (
+            shard is not None and int(shard.num_added_elements) != 0):
+        raise ValueError("GRAFT with a DFlash block draft needs the target's dense lm_head (no quantized head, "
+                         "LoRA or added vocabulary): the block's confidences are read from it")
+
+
+class GraftDFlashWorker(DFlashWorkerV2):
+    """``--speculative-algorithm GRAFT`` with a DFlash block draft: SGLang's DFLASH V2 worker whose
+    block is pruned by its confidences and grafted with retrieved chains."""
+
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
+        seams.check_hooks_applied()
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        _check_supported(self, target_worker)
+        self.graft_cfg = config_of(server_args)
+        m = int(self.block_size) - 1
+        depths = self.graft_cfg.resolved_checkpoints(m)
+        self.thresholds = depth_thresholds(depths, self.graft_cfg.thresholds[: len(depths)], m).to(self.device)
+        vocab = target_worker.model_runner.model_config.vocab_size
+        self.retrieval = GraftRetrieval(self.graft_cfg, vocab, int(self.block_size), 1, self.device,
+                                        max_requests=(server_args.max_running_requests or 48) + 1)
+        self.block_counters = BlockCounters()
+        self.sampling_verify = bool(seams.DFLASH_SAMPLING_VERIFY.resolve()())
+        self._step: Optional[BlockStep] = None
+        if not self.sampling_verify:
+            logger.warning("GRAFT block mode: SGLang has no sampled DFLASH verify on this device; sampled requests "
+                           "are verified greedily, as SGLang's DFLASH does here (their distribution is not preserved; "
+                           "responses say graft_verify: greedy)")
+        _WORKERS.append(self)
+        logger.info("GRAFT block worker (DFlash draft): block %d, thresholds by depth %s, sampled verify %s, %s",
+                    self.block_size, [round(t, 4) for t in self.thresholds.tolist()], self.sampling_verify,
+                    self.graft_cfg)
+
+    def _maybe_build_draft_sampler(self):
+        """No draft-graph sampler: the block's greedy tokens are picked eagerly, where GRAFT reads
+        their confidences and grafts (SGLang's captured sampler writes the tokens only)."""
+        return None
+
+    # -- the step ----------------------------------------------------------------------------
+    def forward_batch_generation(self, batch, *args, **kwargs):
+        idle = batch.forward_mode.is_idle()
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            if not idle:
+                for req in batch.reqs:  # each prefill chunk: the request's tokens so far
+                    self.retrieval.admit(req.rid, seams.request_tokens(req), seams.request_tenant(req))
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        if idle or not batch.reqs:
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        rids = [r.rid for r in batch.reqs]
+        self.retrieval.check_admitted(rids)
+        bonus = batch.spec_info.bonus_tokens.view(-1).to(torch.int64)
+        rows = self.retrieval.rows_needing_root(rids)
+        if rows:  # the prefill's sampled token: the first root of these requests
+            roots = bonus[torch.tensor(rows, device=bonus.device)].tolist()
+            self.retrieval.add_roots([rids[i] for i in rows], roots)
+        self._step = BlockStep(rids=rids, bonus=bonus)
+        try:
+            result = super().forward_batch_generation(batch, *args, **kwargs)
+            step = self._step
+        finally:
+            self._step = None
+        if step.block is None:
+            raise seams.DFLASH_WORKER.error("the step did not pick its draft tokens through "
+                                            "_greedy_sample_from_vocab_parallel_head; nothing was grafted")
+        self._feed(batch, step, result)
+        return result
+
+    def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
+        """SGLang picks the block's draft tokens here (``hidden_states [bs * (B - 1), hidden]``);
+        GRAFT returns them pruned and grafted (``[bs * (B - 1)]``). Outside a decode step, SGLang's."""
+        step = self._step
+        if step is None or hidden_states.numel() == 0:
+            return super()._greedy_sample_from_vocab_parallel_head(hidden_states=hidden_states, lm_head=lm_head,
+                                                                     chunk_size=chunk_size)
+        bs = len(step.rids)
+        tokens, confidence = greedy_with_confidence(hidden_states, lm_head, chunk_size)
+        self._graft(step, tokens.view(bs, -1), confidence.view(bs, -1))
+        return step.block.reshape(-1)
+
+    def _graft(self, step: BlockStep, draft: torch.Tensor, confidence: torch.Tensor) -> None:
+        """Prune ``draft [bs, M]`` by ``confidence [bs, M]``, graft the retrieved chains into the
+        freed slots; the block and its provenance go on ``step``.
+
+        Retrieval is asked as the sync-free EAGLE-3 step asks it, with the kept prefix as the
+        ``pending`` path past each store's context (which ends at the root): the store's tree is
+        re-rooted along the kept tokens (a chain only where the store's own continuation begins with
+        them), the recycling matrix proposes under the last kept token, ``auto`` picks per request."""
+        m = draft.shape[1]
+        kept = kept_lengths(confidence, self.thresholds[:m])
+        step.kept = kept
+        kept_host = kept.tolist()  # host read: which requests retrieval is asked for, and how deep
+        if all(k == m for k in kept_host):
+            step.block, step.retrieved = draft, torch.zeros_like(draft, dtype=torch.bool)
+            return
+        last_kept = draft.gather(1, (kept - 1).clamp(min=0)[:, None])[:, 0]
+        anchor = torch.where(kept > 0, last_kept, step.bonus)  # the newest token of each kept path
+        scopes = self.retrieval.scope_index(step.rids)
+        proposals, _ = self.retrieval.propose_scored(step.rids, anchor, scopes, pending=(draft, kept))
+        chain, valid = best_chain(proposals, m)
+        step.block, step.retrieved = graft_block(draft, kept, chain, valid)
+
+    def _feed(self, batch, step: BlockStep, result) -> None:
+        """Committed tokens -> stores, the verified block's logits -> recycling matrix, provenance
+        of the accepted tokens -> counters and each response (``customized_info``)."""
+        bs, m = step.block.shape
+        commit_lens = result.accept_lens.to(torch.int64).view(-1)
+        out = result.next_token_ids.to(torch.int64).view(bs, m + 1)
+        host = torch.cat([commit_lens[:, None], out], dim=1).tolist()  # one device-to-host copy
+        self.retrieval.commit(step.rids, [row[1:1 + row[0]] for row in host])
+        logits = result.logits_output.next_token_logits if result.logits_output is not None else None
+        if logits is not None:
+            verified = torch.cat([step.bonus[:, None], step.block.to(torch.int64)], dim=1)
+            self.retrieval.learn(verified, torch.ones_like(verified, dtype=torch.bool), logits,
+                                 self.retrieval.scope_index(step.rids))
+        from_retrieval, from_draft = accepted_provenance(step.retrieved, commit_lens - 1)
+        stages = (step.kept < m).to(torch.int64)
+        retrieved, drafted, stage = from_retrieval.tolist(), from_draft.tolist(), stages.tolist()
+        self.retrieval.counters.add_steps(stage, retrieved, drafted)
+        c = self.block_counters
+        c.steps += bs
+        c.pruned_steps += sum(stage)
+        c.kept_tokens += int(step.kept.sum())
+        c.grafted_tokens += int(step.retrieved.sum())
+        verify = "sampling" if self.sampling_verify and not batch.sampling_info.is_all_greedy else "greedy"
+        self.retrieval.counters.sampling_verify_steps += verify == "sampling"
+        lo = result.logits_output
+        if lo is not None:
+            lo.customized_info = {**(lo.customized_info or {}), "graft_stage": stage,
+                                  "graft_retrieved_accepted": retrieved, "graft_draft_accepted": drafted,
+                                  "graft_proposed": [m] * bs, "graft_verify": [verify] * bs}
+
+
+seams.check_overrides(GraftDFlashWorker, seams.DFLASH_WORKER, seams.DFLASH_WORKER_OVERRIDES)
+
+_WORKERS: list[GraftDFlashWorker] = []
+
+
+def server_counters() -> Optional[dict]:
+    """GRAFT's server-wide counters and store usage of this process's block worker, or None."""
+    if not _WORKERS:
+        return None
+    worker = _WORKERS[-1]
+    retrieval = worker.retrieval
+    return {**retrieval.counters.as_dict(), **retrieval.store_usage(), "draft": "dflash",
+            "block": {"block_size": int(worker.block_size), "thresholds_by_depth": worker.thresholds.tolist(),
+                      **worker.block_counters.as_dict()},
+            "config": dataclasses.asdict(worker.graft_cfg)}
+
+
+def release_request(rid) -> None:
+    """Free ``rid``'s retrieval state (called when SGLang releases the request's KV)."""
+    for worker in _WORKERS:
+        worker.retrieval.release(rid)
