@@ -2,7 +2,10 @@
 the draft's type (``--speculative-algorithm GRAFT`` with the tiny ``DFlashDraftModel``), token-exact
 against the tiny Llama served without speculation, alone, batched and on edge requests, with
 retrieved tokens accepted on repetitive prompts and the draft's own block on ``DFLASH_RUN_PROMPT``;
-and the prune / graft rule on tensors (``sglang_graft.sglang.block_graft``).
+sampled requests (temperature 1, and top-k 2) verified by sampling, also on a CPU, their tokens
+fitting the target's distribution as no speculation's do; the torch op SGLang's chain-sampling verify
+runs with on a CPU, coin for coin against the CUDA kernel's rule; and the prune / graft rule on
+tensors (``sglang_graft.sglang.block_graft``).
 
 The tiny draft's confidences are about 7e-4 at every position (its aimed norm gains lift one token a
 little above a 4096-token vocabulary), so with the default thresholds every block is pruned to the
@@ -92,7 +95,7 @@ def test_edge_requests(block_server, plain_llama, reference):
     assert one["output_ids"] == reference[1][:1] and one["meta_info"]["finish_reason"]["type"] == "length"
     sampled = block_server.generate_ids(RANDOM, 16, temperature=0.8, top_p=0.9, sampling_seed=7)
     assert len(sampled["output_ids"]) == 16  # grafted too (DFLASH's sampled verify is target-only)
-    assert sampled["meta_info"]["graft_verify"] in ("greedy", "sampling")  # greedy where SGLang has none (CPU)
+    assert sampled["meta_info"]["graft_verify"] == "sampling"  # on a CPU too (torch_sampled_verify)
     plain = plain_llama.generate_ids(REPETITIVE[1], NEW_TOKENS)
     text = plain["text"]
     stop = text[len(text) // 2: len(text) // 2 + 4]
@@ -129,6 +132,135 @@ def test_kept_prefix_then_graft(tiny_models, server_logs, reference):
     assert info["block"]["kept_tokens"] == info["block"]["steps"] > 0, info["block"]
     run = outs[0]["meta_info"]
     assert run["graft_draft_accepted"] > 0 and run["graft_retrieved_accepted"] > 0, run
+
+
+# -- sampled verify: the target's distribution ----------------------------------------------------
+SAMPLED_TOKENS = 4  # token 1 from the prefill, tokens 2-4 from the first verify steps
+SAMPLED_PROMPTS = [DFLASH_RUN_PROMPT, REPETITIVE[0]]  # the draft's own tokens accepted; retrieved ones accepted
+GRAFT_SAMPLES, PLAIN_SAMPLES = 500, 250  # per prompt and case
+MASS_BINS = 10
+
+
+def _sample(srv, prompt, sampling: dict, n: int) -> list[dict]:
+    """``n`` independent samples of ``SAMPLED_TOKENS`` tokens (SGLang ignores ``sampling_seed``
+    without ``--enable-deterministic-inference``, so none is sent; every request draws its own
+    coins)."""
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": SAMPLED_TOKENS, "ignore_eos": True,
+                                                     **sampling}}
+
+    def one(_):
+        r = requests.post(srv.url + "/generate", json=body, timeout=300)
+        r.raise_for_status()
+        return r.json()
+
+    with cf.ThreadPoolExecutor(16) as pool:
+        return list(pool.map(one, range(n)))
+
+
+@pytest.fixture(scope="module")
+def target_model(tiny_models):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_models["llama"], dtype=torch.float32).eval()
+
+
+def _target_probs(model, prompt, outputs: torch.Tensor, sampling: dict) -> torch.Tensor:
+    """The exact target distributions ``[n, L - 1, V] float64`` of tokens 2..L of each sample
+    (``outputs [n, L]``) given its own prompt and earlier tokens: float32 logits (transformers),
+    temperature and top-k (by rank, as SGLang's sampler on a CPU) applied in float64."""
+    n, length = outputs.shape
+    ids = torch.cat([torch.tensor(prompt).expand(n, -1), outputs[:, :-1]], dim=1)
+    rows = []
+    with torch.no_grad():
+        for lo in range(0, n, 256):
+            logits = model(ids[lo:lo + 256]).logits[:, len(prompt):].double()
+            rows.append(logits / sampling.get("temperature", 1.0))
+    logits = torch.cat(rows)
+    top_k = sampling.get("top_k", -1)
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).indices
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, kth, logits.gather(-1, kth))
+    return logits.softmax(-1)
+
+
+def _mass_bin_counts(probs: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Observed and expected counts ``[L - 1, MASS_BINS]`` of each position's sampled token by the
+    target mass of the tokens ranked above it (``probs [n, L - 1, V]``, ``tokens [n, L - 1]``).
+
+    A token whose rivals above it hold mass ``c`` falls in bin ``floor(c * MASS_BINS)``; given its
+    prefix the sampled token falls in bin ``k`` with the target mass of bin ``k``'s tokens, so the
+    expected count is that mass summed over the samples. Greedy verify puts every verified token in
+    bin 0; a near-uniform target spreads them over all bins."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    above = sorted_probs.cumsum(-1) - sorted_probs
+    bins_sorted = (above * MASS_BINS).floor().clamp(max=MASS_BINS - 1).long()
+    bins = torch.empty_like(bins_sorted).scatter_(-1, order, bins_sorted)  # each token's bin
+    outside = probs.gather(-1, tokens[..., None])[..., 0] == 0
+    assert not outside.any(), f"tokens the target gives no mass: {tokens[outside][:5].tolist()}"
+    zeros = torch.zeros(probs.shape[1], MASS_BINS, dtype=torch.float64)
+    positions = probs.shape[1]
+    expected = zeros.clone().scatter_add_(1, bins.transpose(0, 1).reshape(positions, -1),
+                                          probs.transpose(0, 1).reshape(positions, -1))
+    sampled = bins.gather(-1, tokens[..., None])[..., 0]
+    observed = zeros.clone().scatter_add_(1, sampled.T, torch.ones_like(sampled.T, dtype=torch.float64))
+    return observed, expected
+
+
+def _fit_p_value(observed: torch.Tensor, expected: torch.Tensor) -> float:
+    """Pearson chi-square p-value of ``observed`` against ``expected`` (``[positions, bins]``):
+    per position, bins expected fewer than 10 times pooled into one cell; degrees of freedom the
+    cells less one per position (given its prefix each position's bin is one multinomial draw, and
+    the positions' deviations are uncorrelated)."""
+    from scipy.stats import chi2
+
+    stat, dof = 0.0, 0
+    for obs, exp in zip(observed.tolist(), expected.tolist()):
+        big = [i for i, e in enumerate(exp) if e >= 10]
+        cells = [(obs[i], exp[i]) for i in big]
+        rest = (sum(obs) - sum(o for o, _ in cells), sum(exp) - sum(e for _, e in cells))
+        if rest[1] > 1e-9:
+            cells.append(rest)
+        stat += sum((o - e) ** 2 / e for o, e in cells)
+        dof += len(cells) - 1
+    return float(chi2.sf(stat, dof))
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 1.0, "top_k": 2}],
+                         ids=["temperature-1", "top-k-2"])
+def test_sampled_tokens_follow_the_target_distribution(block_server, plain_llama, target_model, sampling):
+    """Tokens 2-4 of sampled requests, GRAFT over DFlash and no speculation, fit the target's
+    distribution given each sample's own prefix (chi-square over the target-mass bins of
+    :func:`_mass_bin_counts`, per position; 1,000 GRAFT and 500 plain samples, a 1e-4 threshold).
+    The blocks hold grafted tokens (the run prompt's draft block and the loop's retrieved
+    continuations are accepted under top-k 2) and every step is verified by sampling."""
+    before = _graft_info(block_server)["block"]
+    counts = {"graft": [], "plain": []}
+    metas = []
+    for prompt in SAMPLED_PROMPTS:
+        for name, srv, n in (("graft", block_server, GRAFT_SAMPLES), ("plain", plain_llama, PLAIN_SAMPLES)):
+            outs = _sample(srv, prompt, sampling, n)
+            tokens = torch.tensor([o["output_ids"] for o in outs])
+            assert tokens.shape == (n, SAMPLED_TOKENS)
+            probs = _target_probs(target_model, prompt, tokens, sampling)
+            counts[name].append(_mass_bin_counts(probs, tokens[:, 1:]))
+            metas += [o["meta_info"] for o in outs] if name == "graft" else []
+    after = _graft_info(block_server)["block"]
+    fits = {}
+    for name, pairs in counts.items():
+        observed, expected = (sum(c[i] for c in pairs) for i in (0, 1))
+        fits[name] = (_fit_p_value(observed, expected), observed.tolist(), expected.round().tolist())
+    print(f"\nsampled {sampling}: chi-square p-values graft {fits['graft'][0]:.3g}, plain {fits['plain'][0]:.3g}")
+    assert fits["plain"][0] > 1e-4, fits["plain"]  # the reference: no speculation fits the target
+    assert fits["graft"][0] > 1e-4, fits["graft"]
+    assert {m["graft_verify"] for m in metas} == {"sampling"}
+    log = block_server.tail(10 ** 8)  # neither GRAFT's start-up warning nor SGLang's greedy fallback
+    assert "no sampled DFLASH verify" not in log and "falling back to greedy" not in log
+    assert after["grafted_tokens"] > before["grafted_tokens"]  # grafted tokens were verified by sampling
+    if "top_k" in sampling:
+        run, loop = metas[:GRAFT_SAMPLES], metas[GRAFT_SAMPLES:]
+        assert sum(m["graft_draft_accepted"] for m in run) > 0
+        assert sum(m["graft_retrieved_accepted"] for m in loop) > 0
 
 
 # -- the rule on tensors (no server) ----------------------------------------------------------------
@@ -172,6 +304,88 @@ def test_graft_fills_the_freed_slots_and_keeps_the_draft_where_retrieval_has_not
     assert from_retrieval.tolist() == [2, 0, 0] and from_draft.tolist() == [2, 1, 7]
     empty = graft_block(draft, kept, chain[:, :0], ok[:, :0])
     assert torch.equal(empty[0], draft) and not empty[1].any()
+
+
+# -- the torch op under SGLang's chain verify (no server) -------------------------------------------
+def _kernel_chain(candidates, probs, coins, final_coins):
+    """``tree_speculative_sampling_target_only`` (``sgl_kernel/speculative/sampling.cuh``) for the
+    chain DFLASH hands it, one request at a time in scalar Python: accept child ``j`` of the last
+    accepted node where its target mass is positive and ``coin < mass``, the coin then becoming
+    child ``j``'s; at the first rejection sample from the last accepted node's row with the rejected
+    token's mass removed (``relu(q - p)``, ``p`` its mass only), after every child from the full
+    row; inverse CDF with the final coin, the last positive token where rounding leaves none.
+
+    Returns ``(accept_len [bs], bonus [bs])``."""
+    bs, n, vocab = probs.shape
+    accepted, bonuses = [], []
+    for b in range(bs):
+        cur, coin, rejected = 0, float(coins[b, 0]), None
+        for j in range(1, n):
+            token = int(candidates[b, j])
+            mass = float(probs[b, cur, token])
+            if mass > 0 and coin < mass:
+                cur, coin = j, float(coins[b, j])
+            else:
+                rejected = token
+                break
+        row = probs[b, cur].tolist()
+        if rejected is not None:
+            row[rejected] = 0.0
+        u, total, bonus, last = float(final_coins[b]) * sum(row), 0.0, None, vocab - 1
+        for i, q in enumerate(row):
+            if q > 0:
+                total, last = total + q, i
+                if total > u:
+                    bonus = i
+                    break
+        accepted.append(cur)
+        bonuses.append(last if bonus is None else bonus)
+    return torch.tensor(accepted), torch.tensor(bonuses)
+
+
+@pytest.mark.parametrize("top_k", [0, 3], ids=["full-vocab", "top-k"])
+def test_the_torch_op_verifies_sglangs_chain_as_the_kernel_does(top_k):
+    """SGLang's own chain-sampling verify (``compute_dflash_sampling_correct_drafts_and_bonus``, its
+    chain buffers: ``retrive_index`` the rows ``b * B + i``, ``retrive_next_token`` ``i + 1``,
+    no siblings) run under :func:`block_worker.torch_sampled_verify` gives, coin for coin, what the
+    CUDA kernel's rule gives on the same target probabilities: rejections at every depth, whole
+    blocks accepted, with and without SGLang's sparse top-k path. The seams are restored after,
+    and a verify step whose op is never called fails loudly."""
+    from sglang.srt.speculative import dflash_utils
+    from sglang_graft.sglang import block_worker, seams
+
+    g = torch.Generator().manual_seed(3)
+    bs, block, vocab = 64, DFLASH_BLOCK, 12
+    candidates = torch.randint(0, vocab, (bs, block), generator=g)
+    logits = torch.randn(bs, block, vocab, generator=g)
+    # make the next candidate likely at a growing share of the rows, so the walk goes deep
+    boost = (torch.rand(bs, block, generator=g) < torch.linspace(0.2, 1.0, bs)[:, None]).float() * 4.0
+    nxt = torch.cat([candidates[:, 1:], candidates[:, :1]], dim=1)
+    logits.scatter_add_(2, nxt[..., None], boost[..., None])
+    logits = logits.reshape(bs * block, vocab)
+    info = SimpleNamespace(temperatures=torch.full((bs, 1), 0.9), top_ks=torch.full((bs,), top_k or vocab),
+                           top_ps=torch.ones(bs), need_top_k_sampling=top_k > 0, need_top_p_sampling=False)
+    coins, final_coins = torch.rand(bs, block, generator=g), torch.rand(bs, generator=g)
+    original = dflash_utils.tree_speculative_sampling_target_only
+    flag, step_check = dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE, seams.DFLASH_STEP_SAMPLING_VERIFY.resolve()
+    with block_worker.torch_sampled_verify(True, verifies=True):
+        accept_len, bonus = dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus(
+            candidates=candidates, next_token_logits=logits.clone(), sampling_info=info, threshold_single=1.0,
+            threshold_acc=1.0, uniform_samples=coins, uniform_samples_for_final_sampling=final_coins)
+    assert dflash_utils.tree_speculative_sampling_target_only is original  # restored (None on a CPU)
+    assert seams.DFLASH_SAMPLING_AVAILABLE.resolve() is flag
+    assert seams.DFLASH_STEP_SAMPLING_VERIFY.resolve() is step_check
+    probs = dflash_utils.build_speculative_verify_target_probs(
+        next_token_logits=logits, sampling_info=info, draft_token_num=block, bs=bs)
+    want_len, want_bonus = _kernel_chain(candidates, probs, coins, final_coins)
+    assert accept_len.tolist() == want_len.tolist() and bonus.tolist() == want_bonus.tolist()
+    lengths = set(want_len.tolist())
+    assert {0, block - 1} <= lengths and len(lengths) >= 4  # rejected early, late, and never
+    with pytest.raises(seams.SeamError, match="tree_speculative_sampling_target_only: was not called"):
+        with block_worker.torch_sampled_verify(True, verifies=True):
+            pass
+    with block_worker.torch_sampled_verify(False, verifies=True):  # inactive: SGLang's names untouched
+        assert dflash_utils.tree_speculative_sampling_target_only is original
 
 
 # -- selection by the draft's type ----------------------------------------------------------------

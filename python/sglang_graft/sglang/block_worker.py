@@ -24,9 +24,16 @@ committed token after each verify; the verified block's logits feed the recyclin
 Sampling: DFLASH's sampled verify (``compute_dflash_sampling_correct_drafts_and_bonus``) is
 target-only (a rejected position's residual holds the candidate's mass only, no draft
 probabilities), so a grafted token is verified exactly as a draft token is and sampled requests are
-grafted too. Where SGLang has no sampled DFLASH verify (a CPU), SGLang itself verifies every
-request greedily and logs that it does; GRAFT's block mode inherits that (``graft_verify`` says
-``greedy``).
+grafted too (``graft_verify`` says ``sampling``). On CUDA that verify is SGLang's own, with its
+``tree_speculative_sampling_target_only`` kernel. On a CPU SGLang has no such kernel, so its DFLASH
+verifies sampled requests greedily there; GRAFT's block mode does not: during its sampled steps
+(:func:`torch_sampled_verify`) SGLang's same sampled verify runs with the kernel's torch twin
+(:func:`sglang_graft.sglang.sampling.cpu_sampling_verify`, the tree core's
+``verify_tree_sampling``, which walks DFLASH's chain buffers as the kernel does) and SGLang's own
+torch top-k / top-p renormalisation (its fallback where no renorm kernel exists). SGLang's plain
+``--speculative-algorithm DFLASH`` is left as it is (greedy on a CPU). Other devices without SGLang's
+sampled DFLASH verify (an NPU, where SGLang turns it off) verify sampled requests greedily, as
+SGLang's DFLASH does there, with a warning at start and ``graft_verify: greedy``.
 
 Host reads: each decode step reads the kept lengths (to query retrieval), and the committed tokens
 (to feed the stores), as the EAGLE-3 worker does with ``--speculative-graft-sync-free off``; the
@@ -36,6 +43,7 @@ head is the single-rank dense lm_head), selector / LiLiCorr / Domino DFlash head
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -44,7 +52,7 @@ from typing import Optional
 import torch
 
 from sglang_graft.engine.retrieval_state import GraftRetrieval
-from sglang_graft.sglang import seams
+from sglang_graft.sglang import sampling, seams
 from sglang_graft.sglang.block_graft import accepted_provenance, best_chain, depth_thresholds, graft_block, kept_lengths
 from sglang_graft.sglang.launch_config import config_of
 
@@ -122,6 +130,36 @@ def greedy_with_confidence(hidden_states: torch.Tensor, lm_head, chunk_size: int
     return tokens, confidence
 
 
+def _all_greedy(batch) -> bool:
+    """SGLang's own test (``dflash_worker_v2._is_all_greedy``): no sampling info, or every request greedy."""
+    info = batch.sampling_info
+    return info is None or bool(info.is_all_greedy)
+
+
+def torch_sampled_verify(active: bool, *, verifies: bool) -> contextlib.AbstractContextManager:
+    """For one step of the block mode on a CPU (``active``: a batch with sampled requests), SGLang's
+    DFLASH takes its sampled verify instead of its greedy fallback: its step's availability test
+    answers yes, and ``compute_dflash_sampling_correct_drafts_and_bonus`` runs with the CUDA
+    kernel's torch twin (:func:`sampling.cpu_sampling_verify`) as its
+    ``tree_speculative_sampling_target_only``.
+
+    SGLang calls the op for the chain: ``candidates [bs, B]`` (column 0 the root), ``retrive_index
+    [bs, B]`` the rows ``b * B + i``, ``retrive_next_token [bs, B]`` ``i + 1`` (-1 at the end),
+    ``retrive_next_sibling`` all -1, coins ``[bs, B]`` and ``[bs]``, ``target_probs [bs, B, V]``,
+    zeroed ``draft_probs``; the twin writes ``predicts [bs * B]``, ``accept_index [bs, B]`` and
+    ``accept_token_num [bs]`` in place as the kernel does (``test_graft_dflash``). The top-k / top-p
+    renormalisation stays SGLang's (its torch fallback where no kernel exists, as for plain sampling
+    on a CPU). ``verifies``: the step verifies a block, so the op must be called (a prefill only
+    skips SGLang's fallback warning). Inactive: nothing swapped."""
+    stack = contextlib.ExitStack()
+    if active:
+        stack.enter_context(seams.swapped(seams.DFLASH_STEP_SAMPLING_VERIFY, lambda: True))
+        stack.enter_context(seams.swapped(seams.DFLASH_SAMPLING_AVAILABLE, True))
+        stack.enter_context(seams.swapped(seams.DFLASH_TREE_SAMPLING, sampling.cpu_sampling_verify,
+                                          required=verifies))
+    return stack
+
+
 def _check_supported(worker, target_worker) -> None:
     """Refuse, naming the reason, what the block mode does not serve: DFlash heads with a candidate
     selector, LiLiCorr or Domino (their tokens are not the greedy head's), tensor parallelism and a
@@ -156,7 +194,11 @@ class GraftDFlashWorker(DFlashWorkerV2):
         self.retrieval = GraftRetrieval(self.graft_cfg, vocab, int(self.block_size), 1, self.device,
                                         max_requests=(server_args.max_running_requests or 48) + 1)
         self.block_counters = BlockCounters()
-        self.sampling_verify = bool(seams.DFLASH_SAMPLING_VERIFY.resolve()())
+        sglang_sampling = bool(seams.DFLASH_SAMPLING_VERIFY.resolve()())
+        # a CPU: SGLang's sampled verify, run with the kernel's torch twin (torch_sampled_verify)
+        self.torch_sampling_verify = not sglang_sampling and seams.DFLASH_TREE_SAMPLING.resolve() is None \
+            and bool(seams.IS_CPU.resolve()())
+        self.sampling_verify = sglang_sampling or self.torch_sampling_verify
         self._step: Optional[BlockStep] = None
         if not self.sampling_verify:
             logger.warning("GRAFT block mode: SGLang has no sampled DFLASH verify on this device; sampled requests "
@@ -175,11 +217,13 @@ class GraftDFlashWorker(DFlashWorkerV2):
     # -- the step ----------------------------------------------------------------------------
     def forward_batch_generation(self, batch, *args, **kwargs):
         idle = batch.forward_mode.is_idle()
+        sampled = self.torch_sampling_verify and not idle and not _all_greedy(batch)
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             if not idle:
                 for req in batch.reqs:  # each prefill chunk: the request's tokens so far
                     self.retrieval.admit(req.rid, seams.request_tokens(req), seams.request_tenant(req))
-            return super().forward_batch_generation(batch, *args, **kwargs)
+            with torch_sampled_verify(sampled, verifies=False):  # no verify (nor SGLang's fallback warning)
+                return super().forward_batch_generation(batch, *args, **kwargs)
         if idle or not batch.reqs:
             return super().forward_batch_generation(batch, *args, **kwargs)
         rids = [r.rid for r in batch.reqs]
@@ -191,7 +235,8 @@ class GraftDFlashWorker(DFlashWorkerV2):
             self.retrieval.add_roots([rids[i] for i in rows], roots)
         self._step = BlockStep(rids=rids, bonus=bonus)
         try:
-            result = super().forward_batch_generation(batch, *args, **kwargs)
+            with torch_sampled_verify(sampled, verifies=True):
+                result = super().forward_batch_generation(batch, *args, **kwargs)
             step = self._step
         finally:
             self._step = None

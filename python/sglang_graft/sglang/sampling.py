@@ -4,6 +4,8 @@ SGLang 0.5.23 verifies greedily on CPU even for sampling requests (``_verify_use
 which changes their output distribution. For GRAFT's verify call the worker lets SGLang's own
 sampling branch of ``eagle_sample`` run (penalties, logit bias, grammar mask, seeded coins) and
 supplies the three CUDA-only kernels it needs, each backed by the tree core's torch reference.
+The DFlash block mode supplies :func:`cpu_sampling_verify` the same way to SGLang's chain-sampling
+DFLASH verify (``block_worker.torch_sampled_verify``).
 """
 
 from __future__ import annotations

@@ -127,6 +127,15 @@ TREE_SAMPLING = Seam(f"{_SW}.eagle_utils.tree_speculative_sampling_target_only",
                      "verify sampling requests on CPU (the CUDA kernel's torch twin)")
 TOP_K_RENORM = Seam(f"{_SW}.eagle_utils.top_k_renorm_prob", "renormalise top-k target probabilities on CPU")
 TOP_P_RENORM = Seam(f"{_SW}.eagle_utils.top_p_renorm_prob", "renormalise top-p target probabilities on CPU")
+DFLASH_TREE_SAMPLING = Seam(f"{_SW}.dflash_utils.tree_speculative_sampling_target_only",
+                            "verify sampled requests of the DFlash block mode on a CPU (the CUDA op's torch "
+                            "twin, called by SGLang's chain verify compute_dflash_sampling_correct_drafts_and_bonus)")
+DFLASH_SAMPLING_AVAILABLE = Seam(f"{_SW}.dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE",
+                                 "let SGLang's sampled DFLASH verify run for the DFlash block mode on a CPU (it "
+                                 "refuses where the op is missing)")
+DFLASH_STEP_SAMPLING_VERIFY = Seam(f"{_SW}.dflash_worker_v2.is_dflash_sampling_verify_available",
+                                   "make SGLang's DFLASH step take its sampled verify, not its greedy fallback, for "
+                                   "the DFlash block mode on a CPU")
 
 CHAIN_WINDOW_IS_CPU = Seam(f"{_SW}.eagle_worker_common._is_cpu",
                            "take SGLang's CUDA branch of the chain KV write window on a CPU (a test mode of the "
