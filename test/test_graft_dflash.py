@@ -76,6 +76,9 @@ def test_token_exact_with_retrieval_and_draft_tokens_accepted(block_server, refe
     info = _graft_info(block_server)
     assert info["draft"] == "dflash" and info["block"]["block_size"] == DFLASH_BLOCK
     assert info["block"]["pruned_steps"] == info["block"]["steps"] > 0 and info["block"]["grafted_tokens"] > 0
+    # the phase clocks: one set per batch step (here one request a step), every phase timed
+    assert 0 < info["block"]["batch_steps"] <= info["block"]["steps"]
+    assert all(info["block"][f"{phase}_s"] > 0 for phase in ("draft", "graft", "verify", "feed")), info["block"]
     assert info["accepted_retrieved_tokens"] >= sum(m["graft_retrieved_accepted"] for m in metas)
     assert info["live_stores"] == 0  # every finished request freed its store
 
@@ -232,8 +235,8 @@ def test_sampled_tokens_follow_the_target_distribution(block_server, plain_llama
     """Tokens 2-4 of sampled requests, GRAFT over DFlash and no speculation, fit the target's
     distribution given each sample's own prefix (chi-square over the target-mass bins of
     :func:`_mass_bin_counts`, per position; 1,000 GRAFT and 500 plain samples, a 1e-4 threshold).
-    The blocks hold grafted tokens (the run prompt's draft block and the loop's retrieved
-    continuations are accepted under top-k 2) and every step is verified by sampling."""
+    Every step is verified by sampling; under top-k 2 the blocks hold grafted tokens (the run
+    prompt's draft block and the loop's retrieved continuations are accepted)."""
     before = _graft_info(block_server)["block"]
     counts = {"graft": [], "plain": []}
     metas = []
@@ -256,8 +259,9 @@ def test_sampled_tokens_follow_the_target_distribution(block_server, plain_llama
     assert {m["graft_verify"] for m in metas} == {"sampling"}
     log = block_server.tail(10 ** 8)  # neither GRAFT's start-up warning nor SGLang's greedy fallback
     assert "no sampled DFLASH verify" not in log and "falling back to greedy" not in log
-    assert after["grafted_tokens"] > before["grafted_tokens"]  # grafted tokens were verified by sampling
-    if "top_k" in sampling:
+    if "top_k" in sampling:  # at temperature 1 the first sampled token rarely recurs in the context, so
+        # retrieval seldom has a chain to graft (none at all in some runs): only top-k 2 reliably grafts
+        assert after["grafted_tokens"] > before["grafted_tokens"]  # grafted tokens were verified by sampling
         run, loop = metas[:GRAFT_SAMPLES], metas[GRAFT_SAMPLES:]
         assert sum(m["graft_draft_accepted"] for m in run) > 0
         assert sum(m["graft_retrieved_accepted"] for m in loop) > 0
