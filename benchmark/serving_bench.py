@@ -66,7 +66,7 @@ import prompt_sets  # noqa: E402
 import requests  # noqa: E402
 from plotting import pyplot  # noqa: E402
 from local_server import SERVER_ENV, SGLangServer  # noqa: E402
-from spec_bench import ADAPTIVE, CHAIN, render_economy  # noqa: E402
+from spec_bench import ADAPTIVE, CHAIN, block_summary, render_block, render_economy  # noqa: E402
 
 METHODS = {
     "none": [],
@@ -85,22 +85,52 @@ METHODS = {
     # calls old, no ragged trees, no rate guard)
     "GRAFT-cuda": ["--speculative-algorithm", "GRAFT", "--speculative-graft-sync-free", "on"],
 }
+# served with --block-draft (a DFlash block draft) instead of the EAGLE-3 head: SGLang's own DFLASH and
+# GRAFT's block mode (chosen by the draft's type)
+BLOCK_METHODS = {
+    "DFLASH": ["--speculative-algorithm", "DFLASH"],
+    "GRAFT-DFlash": ["--speculative-algorithm", "GRAFT"],
+}
 
 
-def write_dataset(path: Path, per_category: int, split: str = "report", prompts: Path | None = None) -> int:
-    """The benchmark prompts as sglang.benchmark.serving's ``custom`` JSONL; returns the number of rows."""
+def dataset_rows(per_category: int, split: str = "report", prompts: Path | None = None) -> list[tuple[str, str]]:
+    """``(category, prompt)`` rows of the benchmark prompts, each category's together."""
     if prompts is not None:
         per_cat: dict[str, list[str]] = {}
         for c, p in prompt_sets.load_jsonl(prompts):
             per_cat.setdefault(c, []).append(p)
-        rows = [(c, p) for c, ps in per_cat.items() for p in ps[:per_category]]
-    else:
-        rows = [(c, p) for c in prompt_sets.CATEGORIES for p in prompt_sets.load(c, split, per_category)]
+        return [(c, p) for c, ps in per_cat.items() for p in ps[:per_category]]
+    return [(c, p) for c in prompt_sets.CATEGORIES for p in prompt_sets.load(c, split, per_category)]
+
+
+def write_dataset(path: Path, per_category: int, split: str = "report", prompts: Path | None = None,
+                  rows: list[tuple[str, str]] | None = None) -> int:
+    """The benchmark prompts (or ``rows``) as sglang.benchmark.serving's ``custom`` JSONL; returns the
+    number of rows."""
+    rows = dataset_rows(per_category, split, prompts) if rows is None else rows
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for _, prompt in rows:
             f.write(json.dumps({"conversations": [{"content": prompt}, {"content": "-"}]}) + "\n")
     return len(rows)
+
+
+def disjoint_levels(rows: list[tuple[str, str]], sizes: list[int]) -> list[list[tuple[str, str]]]:
+    """Split ``rows`` into one slice per level, ``sizes[i]`` rows each, no prompt in two slices, every
+    slice mixing the categories (rows dealt round-robin over the categories first).
+
+    Example: categories a (a1, a2, a3) and b (b1, b2), sizes [2, 3] -> [a1, b1], [a2, b2, a3]."""
+    if sum(sizes) > len(rows):
+        raise SystemExit(f"--disjoint-levels: the levels need {sum(sizes)} prompts, the dataset has {len(rows)}")
+    per_cat: dict[str, list] = {}
+    for row in rows:
+        per_cat.setdefault(row[0], []).append(row)
+    dealt = [rs[i] for i in range(max(map(len, per_cat.values()))) for rs in per_cat.values() if i < len(rs)]
+    out, start = [], 0
+    for n in sizes:
+        out.append(dealt[start:start + n])
+        start += n
+    return out
 
 
 def chat_flags(model: Path) -> list[str]:
@@ -152,7 +182,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "benchmark/models/build_smollm2.py) and its committed EAGLE-3 head")
     ap.add_argument("--model", type=Path, help="target HF dir instead of --target's")
     ap.add_argument("--draft", type=Path, help="EAGLE-3 head dir (default: --target's committed head)")
-    ap.add_argument("--methods", default="none,EAGLE3-adaptive,GRAFT", help=f"comma-separated, of {', '.join(METHODS)}")
+    ap.add_argument("--block-draft", type=Path, help="DFlash block draft of the DFLASH and GRAFT-DFlash methods "
+                    "(default: --target's committed one, if it has one)")
+    ap.add_argument("--methods", default="none,EAGLE3-adaptive,GRAFT",
+                    help=f"comma-separated, of {', '.join([*METHODS, *BLOCK_METHODS])}")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
     ap.add_argument("--prompts-per-level", type=int, nargs="+", default=[8, 64, 96, 105],
                     help="requests sent at each concurrency (one value per --concurrency; capped at the dataset's "
@@ -179,12 +212,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "longest stretch with at least RATIO x the peak concurrency in flight, e.g. 0.8; with fixed "
                     "output lengths a server without speculation's stretch is its slowest wave (biased low): "
                     "use it with --output-len-mode variable")
+    ap.add_argument("--disjoint-levels", action="store_true",
+                    help="each concurrency level serves its own prompts (no prompt at two levels): a method with a "
+                    "cache shared across requests (NGRAM) would otherwise replay outputs of earlier levels")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE ARGS",
                     help="another method: BASE's server flags with ARGS added (repeatable)")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "serving")
     args = ap.parse_args(argv)
     if args.draft is None:
         args.draft = build_smollm2.head_dir(args.target)
+    if args.block_draft is None:
+        args.block_draft = build_smollm2.block_draft_dir(args.target)
     if len(args.prompts_per_level) != len(args.concurrency):
         sys.exit("--prompts-per-level needs one value per --concurrency")
     if args.natural_eos:
@@ -193,17 +231,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         print("[serving_bench] note: --steady-state with fixed output lengths: a server without speculation "
               "runs in waves and its steady window is its slowest wave; --output-len-mode variable avoids it",
               file=sys.stderr, flush=True)
-    args.table = dict(METHODS)
+    table = dict(METHODS)
+    if args.block_draft is not None:
+        table.update({name: [*flags, "--speculative-draft-model-path", str(args.block_draft)]
+                      for name, flags in BLOCK_METHODS.items()})
+    args.table = dict(table)
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in names if m not in METHODS]
+    unknown = [m for m in names if m not in table]
     if unknown:
-        sys.exit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+        sys.exit(f"--methods: unknown {unknown}; choose from {', '.join(table)}")
     for spec in args.variant:
         name, _, rest = spec.partition("=")
         base, *extra = rest.split()
-        if not name or base not in METHODS or name in args.table:
-            sys.exit(f"--variant {spec!r}: needs NAME=BASE ARGS with a new NAME and BASE one of {', '.join(METHODS)}")
-        args.table[name] = [*METHODS[base], *extra]
+        if not name or base not in table or name in args.table:
+            sys.exit(f"--variant {spec!r}: needs NAME=BASE ARGS with a new NAME and BASE one of {', '.join(table)}")
+        args.table[name] = [*table[base], *extra]
         names.append(name)
     args.names = names
     return args
@@ -212,7 +254,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def server_args(name: str, args: argparse.Namespace) -> list[str]:
     """The server flags of method ``name``."""
     extra = list(args.table[name])
-    if "--speculative-algorithm" in extra:
+    if "--speculative-algorithm" in extra and "--speculative-draft-model-path" not in extra:
         extra += ["--speculative-draft-model-path", str(args.draft)]
     extra += ["--max-running-requests", str(max(args.concurrency))]
     if args.max_total_tokens:  # after the CPU defaults: the last value counts
@@ -229,9 +271,11 @@ def measure_level(name: str, srv, args: argparse.Namespace, dataset: Path, conc:
     print(f"[serving_bench] {name} c={conc}: {r['output_throughput']:.1f} output tok/s"
           + (f", steady state {steady['output_throughput']:.1f}" if steady else ""), flush=True)
     graft = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0].get("graft")
-    if graft:
+    if graft and "economy" in graft:
         economy[f"{name} c={conc}"] = graft["economy"]
+    block = (graft or {}).get("block")  # GRAFT's block mode (a DFlash draft): cumulative up to this level
     return {"method": name, "concurrency": conc, "num_prompts": n,
+            "graft_block": block_summary(dict.fromkeys(block, 0), block) if block else None,
             "output_len_mode": args.output_len_mode, "mean_ttft_ms": r.get("mean_ttft_ms"),
             "mean_tpot_ms": r.get("mean_tpot_ms"), "total_output_tokens": r.get("total_output_tokens"),
             "output_throughput": r["output_throughput"],
@@ -242,7 +286,7 @@ def measure_level(name: str, srv, args: argparse.Namespace, dataset: Path, conc:
             "steady_s": steady["duration"] if steady else None}
 
 
-def measure(names: list[str], args: argparse.Namespace, dataset: Path) -> tuple[list[dict], dict]:
+def measure(names: list[str], args: argparse.Namespace, datasets: dict[int, Path]) -> tuple[list[dict], dict]:
     """Every method at every concurrency level: result rows and GRAFT's economy after each level
     (cumulative since its server started). One server after another; with ``--interleave`` all
     servers up at once (idle ones sleep) and, at each level, the methods in an order rotated by one
@@ -253,7 +297,7 @@ def measure(names: list[str], args: argparse.Namespace, dataset: Path) -> tuple[
         for name in names:
             with SGLangServer(args.model, server_args(name, args), log_path=args.out / f"{name}.log") as srv:
                 srv.generate_ids([1, 2, 3, 4], 8)  # warm-up
-                results += [measure_level(name, srv, args, dataset, c, n, economy) for c, n in levels]
+                results += [measure_level(name, srv, args, datasets[c], c, n, economy) for c, n in levels]
         return results, economy
     with contextlib.ExitStack() as stack:
         servers = {}
@@ -263,7 +307,7 @@ def measure(names: list[str], args: argparse.Namespace, dataset: Path) -> tuple[
             servers[name].generate_ids([1, 2, 3, 4], 8)  # warm-up
         for i, (c, n) in enumerate(levels):
             for name in names[i % len(names):] + names[:i % len(names)]:
-                results.append(measure_level(name, servers[name], args, dataset, c, n, economy))
+                results.append(measure_level(name, servers[name], args, datasets[c], c, n, economy))
     results.sort(key=lambda r: (names.index(r["method"]), r["concurrency"]))
     return results, economy
 
@@ -273,25 +317,36 @@ def main() -> None:
     if args.model is None:
         args.model = build_smollm2.build_target(args.target, "float32")
     args.out.mkdir(parents=True, exist_ok=True)
-    dataset = args.out / "prompts.jsonl"
-    n_rows = write_dataset(dataset, args.prompts_per_category, args.split, args.prompts)
-    if max(args.prompts_per_level) > n_rows:  # SGLang's load generator would cap it silently
-        print(f"[serving_bench] the dataset has {n_rows} prompts: --prompts-per-level capped to {n_rows}")
-        args.prompts_per_level = [min(n, n_rows) for n in args.prompts_per_level]
+    rows = dataset_rows(args.prompts_per_category, args.split, args.prompts)
+    n_rows = len(rows)
+    if args.disjoint_levels:
+        datasets = {}
+        for c, level_rows in zip(args.concurrency, disjoint_levels(rows, args.prompts_per_level)):
+            datasets[c] = args.out / f"prompts-c{c}.jsonl"
+            write_dataset(datasets[c], 0, rows=level_rows)
+    else:
+        if max(args.prompts_per_level) > n_rows:  # SGLang's load generator would cap it silently
+            print(f"[serving_bench] the dataset has {n_rows} prompts: --prompts-per-level capped to {n_rows}")
+            args.prompts_per_level = [min(n, n_rows) for n in args.prompts_per_level]
+        datasets = dict.fromkeys(args.concurrency, args.out / "prompts.jsonl")
+        write_dataset(datasets[args.concurrency[0]], 0, rows=rows)
     t_start = time.time()
-    results, economy = measure(args.names, args, dataset)
+    results, economy = measure(args.names, args, datasets)
     base = {r["concurrency"]: r["output_throughput"] for r in results if r["method"] == "none"}
     steady_base = {r["concurrency"]: r["steady_output_throughput"] for r in results if r["method"] == "none"}
     for r in results:
         r["vs_none"] = r["output_throughput"] / base[r["concurrency"]] if r["concurrency"] in base else None
         sb = steady_base.get(r["concurrency"])
         r["steady_vs_none"] = r["steady_output_throughput"] / sb if sb and r["steady_output_throughput"] else None
-    report = {"results": results, "economy": economy, "dataset_rows": n_rows, "output_len": args.output_len,
+    report = {"results": results, "economy": economy, "dataset_rows": n_rows, "disjoint_levels": args.disjoint_levels,
+              "output_len": args.output_len,
               "output_len_mode": args.output_len_mode, "interleave": args.interleave,
               "split": None if args.prompts else args.split, "max_total_tokens": args.max_total_tokens or 8192,
               "wall_s": round(time.time() - t_start, 1)}
     (args.out / "serving_bench.json").write_text(json.dumps(report, indent=2))
-    md = render(results) + render_economy(economy).replace(", whole run;", ", cumulative up to that level;")
+    block = {f"{r['method']} c={r['concurrency']}": r["graft_block"] for r in results if r.get("graft_block")}
+    md = render(results) + render_economy(economy).replace(", whole run;", ", cumulative up to that level;") \
+        + render_block(block)
     (args.out / "serving_bench.md").write_text(md)
     print(md)
     plot(results, args.out / "serving_bench.png")

@@ -92,7 +92,9 @@ CHAIN = _eagle(3, 1, 4)  # the chain users pick: 3 draft steps, 4 verified token
 ADAPTIVE = ("--speculative-adaptive", "--disable-decode-cuda-graph")
 
 
-def methods(steps: int, topk: int, n: int) -> dict[str, Method]:
+def methods(steps: int, topk: int, n: int, block_draft: Path | None = None) -> dict[str, Method]:
+    """The method table; ``block_draft``: a DFlash block draft, which adds ``DFLASH`` (SGLang's own)
+    and ``GRAFT-DFlash`` (GRAFT's block mode, chosen by the draft's type), each naming that draft."""
     eagle = _eagle(steps, topk, n)
     graft = ("--speculative-algorithm", "GRAFT", *eagle)
     return {m.name: m for m in [
@@ -116,6 +118,11 @@ def methods(steps: int, topk: int, n: int) -> dict[str, Method]:
         # the same defaults as CUDA resolves them, forced on the CPU: sync-free steps (decisions from a
         # step two calls old, no ragged trees, no rate guard)
         Method("GRAFT-cuda", ("--speculative-algorithm", "GRAFT", "--speculative-graft-sync-free", "on"), 6, True, 16),
+        # one draft forward proposes a whole block (size: the draft config's, or --speculative-dflash-block-size)
+        *([Method("DFLASH", ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(block_draft)),
+                  1, True, None),
+           Method("GRAFT-DFlash", ("--speculative-algorithm", "GRAFT", "--speculative-draft-model-path",
+                                   str(block_draft)), 1, True, None)] if block_draft is not None else []),
     ]}
 
 
@@ -182,6 +189,8 @@ class Lane:
         self.by_category: dict[str, Counter] = {}
         srv.generate_ids(warm_ids[:8], 4)  # warm-up outside the measurement
         self.economy = _economy(srv)
+        self.block_at_start = _block_counters(srv)  # GRAFT's block mode: its counters and phase clocks
+        self.block = None
 
     def serve(self, category: str, ids: list[int], max_new: int, temperature: float) -> None:
         t0 = time.perf_counter()
@@ -206,10 +215,14 @@ class Lane:
             after = _economy(self.srv)
             self.by_category.setdefault(category, Counter()).update(_counters(after) - _counters(self.economy))
             self.economy = after
+        if self.block_at_start is not None:
+            self.block = _block_counters(self.srv)
 
-    def result(self) -> tuple[dict[str, Cell], dict | None, dict]:
-        """Per-category cells, the economy of the whole run (or None) and its economy per category."""
-        return self.cells, self.economy, {cat: _category_economy(c) for cat, c in self.by_category.items()}
+    def result(self) -> tuple[dict[str, Cell], dict | None, dict, dict | None]:
+        """Per-category cells, the economy of the whole run (or None), its economy per category, and
+        GRAFT's block-mode counters over the run (or None; :func:`block_summary`)."""
+        block = block_summary(self.block_at_start, self.block) if self.block is not None else None
+        return self.cells, self.economy, {cat: _category_economy(c) for cat, c in self.by_category.items()}, block
 
 
 def run_method(method: Method, model: Path, draft: Path | None, dtype: str, prompts, max_new: int,
@@ -258,6 +271,23 @@ def _economy(srv) -> dict | None:
     return economy
 
 
+def _block_counters(srv) -> dict | None:
+    """GRAFT's block-mode counters (a DFlash draft) from ``/server_info``, or None for other methods."""
+    info = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0]
+    return (info.get("graft") or {}).get("block")
+
+
+def block_summary(before: dict, after: dict) -> dict:
+    """The block mode over a run: draft tokens kept and slots grafted per request-step, and the host
+    milliseconds per batch step of each phase (draft forward, pick + prune + graft, verify, feed)."""
+    d = {k: after[k] - before[k] for k in ("steps", "pruned_steps", "kept_tokens", "grafted_tokens", "batch_steps",
+                                            "draft_s", "graft_s", "verify_s", "feed_s")}
+    steps, batch_steps = max(d["steps"], 1), max(d["batch_steps"], 1)
+    return {"block_size": after["block_size"], "request_steps": d["steps"], "pruned_share": d["pruned_steps"] / steps,
+            "kept_per_step": d["kept_tokens"] / steps, "grafted_per_step": d["grafted_tokens"] / steps,
+            "phase_ms_per_step": {p: 1e3 * d[f"{p}_s"] / batch_steps for p in ("draft", "graft", "verify", "feed")}}
+
+
 def _counters(eco: dict) -> Counter:
     """The additive counters of a cumulative economy: steps, draft passes, steps per verify budget
     (``N=k``), and the expected and committed tokens of the cost-aware steps whose outcome is known."""
@@ -299,6 +329,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "benchmark/models/build_smollm2.py) and its committed EAGLE-3 head")
     ap.add_argument("--model", type=Path, help="target HF dir instead of --target's")
     ap.add_argument("--draft", type=Path, help="EAGLE-3 head dir (default: --target's committed head)")
+    ap.add_argument("--block-draft", type=Path, help="DFlash block draft of the DFLASH and GRAFT-DFlash methods "
+                    "(default: --target's committed one, if it has one)")
     ap.add_argument("--prompts", type=Path, help="JSONL with category and prompt fields (default: built-in sets)")
     ap.add_argument("--split", default="report", choices=["tune", "report"],
                     help="built-in prompts to serve: 'report' (default; what RESULTS.md reports) or 'tune' (where "
@@ -329,6 +361,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.draft is None:
         args.draft = build_smollm2.head_dir(args.target)
+    if args.block_draft is None:
+        args.block_draft = build_smollm2.block_draft_dir(args.target)
     if args.num_prompts is None:
         args.num_prompts = 2 if args.quick else 5
     if args.max_new_tokens is None:
@@ -344,7 +378,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def choose_methods(args: argparse.Namespace) -> tuple[dict[str, Method], list[str]]:
     """The method table (``--variant`` entries added) and the methods to run, ``none`` first."""
-    table = methods(args.steps, args.topk, args.num_draft_tokens)
+    table = methods(args.steps, args.topk, args.num_draft_tokens, args.block_draft)
     for spec in args.variant:
         m = variant(table, spec)
         table[m.name] = m
@@ -404,14 +438,15 @@ def main() -> None:
     else:
         with ThreadPoolExecutor(max_workers=args.lanes) as pool:  # each lane: one server, batch size 1
             runs = dict(zip(chosen, pool.map(measure, chosen)))
-    measured = {name: cells for name, (cells, _, _) in runs.items()}
-    economy = {name: eco for name, (_, eco, _) in runs.items() if eco}
-    by_category = {name: cats for name, (_, eco, cats) in runs.items() if eco}
+    measured = {name: cells for name, (cells, *_) in runs.items()}
+    economy = {name: eco for name, (_, eco, *_) in runs.items() if eco}
+    by_category = {name: cats for name, (_, eco, cats, _) in runs.items() if eco}
+    block = {name: b for name, (*_, b) in runs.items() if b}
     results = result_rows(chosen, measured, table, economy, by_category)
-    report = {"results": results, "economy": economy, "economy_by_category": by_category,
+    report = {"results": results, "economy": economy, "economy_by_category": by_category, "block": block,
               "config": {k: _portable(v) for k, v in vars(args).items()}, "wall_s": round(time.time() - t_start, 1)}
     args.json.write_text(json.dumps(report, indent=2))
-    md = render_markdown(results) + render_economy(economy) + render_category_economy(by_category)
+    md = render_markdown(results) + render_economy(economy) + render_category_economy(by_category) + render_block(block)
     args.json.with_suffix(".md").write_text(md)
     print(md)
     plot(results, args.json.with_suffix(".png"))
@@ -462,6 +497,22 @@ def _mean_budget(eco: dict) -> float:
     hist = {int(k): v for k, v in eco["budget_histogram"].items()}
     steps = sum(hist.values())
     return sum(k * v for k, v in hist.items()) / steps if steps else 0.0
+
+
+def render_block(block: dict) -> str:
+    """GRAFT's block mode per method (:func:`block_summary`), or nothing."""
+    if not block:
+        return ""
+    lines = ["", "GRAFT over a block draft: draft slots kept and grafted per request-step, and host ms per "
+             "decode step by phase:", "",
+             "| method | block | pruned | kept / step | grafted / step | draft | graft | verify | feed |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, b in block.items():
+        ms = b["phase_ms_per_step"]
+        lines.append(f"| {name} | {b['block_size']} | {b['pruned_share']:.0%} | {b['kept_per_step']:.2f} | "
+                     f"{b['grafted_per_step']:.2f} | {ms['draft']:.1f} | {ms['graft']:.1f} | {ms['verify']:.1f} | "
+                     f"{ms['feed']:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def render_economy(economy: dict) -> str:

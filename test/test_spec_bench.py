@@ -297,6 +297,7 @@ def test_interleaved_methods_take_turns_on_every_prompt(monkeypatch, tmp_path):
 
     monkeypatch.setattr(local_server, "SGLangServer", FakeServer)
     monkeypatch.setattr(spec_bench, "_economy", lambda srv: None)
+    monkeypatch.setattr(spec_bench, "_block_counters", lambda srv: None)
     table = spec_bench.methods(4, 4, 16)
     prompts = [("code", "p", [10]), ("code", "p", [11]), ("math", "p", [12])]
     runs = spec_bench.run_interleaved(["none", "NGRAM", "GRAFT"], table, Path("m"), Path("d"), "float32",
@@ -306,8 +307,8 @@ def test_interleaved_methods_take_turns_on_every_prompt(monkeypatch, tmp_path):
     assert served == [("none", 10), ("NGRAM", 10), ("GRAFT", 10), ("NGRAM", 11), ("GRAFT", 11), ("none", 11),
                       ("GRAFT", 12), ("none", 12), ("NGRAM", 12)]
     assert sorted(e[1] for e in log if e[0] == "down") == ["GRAFT", "NGRAM", "none"]
-    cells, economy, by_category = runs["GRAFT"]
-    assert economy is None and by_category == {}
+    cells, economy, by_category, block = runs["GRAFT"]
+    assert economy is None and by_category == {} and block is None
     assert cells["code"].tokens == 12 and cells["code"].verify_steps == 4 and cells["math"].tokens == 6
     assert cells["code"].outputs == [[10, 5], [11, 5]]
     # two prompts of 6 tokens: 5 decoded after the first of each, in 0.25 s each
@@ -335,3 +336,32 @@ def test_serving_bench_reads_the_run_and_its_steady_state(tmp_path):
     md = serving_bench.render(rows)
     assert "44.0 (1.10x)" in md and "Steady state" in md and "60.0 (1.20x)" in md
     assert serving_bench.parse_args(["--steady-state", "0.8"]).steady_state == 0.8
+
+
+def test_serving_bench_disjoint_levels_deal_every_category_and_never_repeat_a_prompt():
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import serving_bench
+
+    rows = [("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1"), ("b", "b2")]
+    assert serving_bench.disjoint_levels(rows, [2, 3]) == [[("a", "a1"), ("b", "b1")],
+                                                           [("a", "a2"), ("b", "b2"), ("a", "a3")]]
+    levels = serving_bench.disjoint_levels(rows, [1, 1])
+    assert levels == [[("a", "a1")], [("b", "b1")]]
+    with pytest.raises(SystemExit, match="need 6 prompts, the dataset has 5"):
+        serving_bench.disjoint_levels(rows, [3, 3])
+
+
+def test_block_summary_is_the_runs_difference_per_step():
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import spec_bench
+
+    before = {"block_size": 8, "steps": 10, "pruned_steps": 4, "kept_tokens": 30, "grafted_tokens": 5,
+              "batch_steps": 10, "draft_s": 1.0, "graft_s": 0.1, "verify_s": 2.0, "feed_s": 0.05}
+    after = {"block_size": 8, "steps": 30, "pruned_steps": 14, "kept_tokens": 70, "grafted_tokens": 25,
+             "batch_steps": 20, "draft_s": 1.2, "graft_s": 0.15, "verify_s": 3.0, "feed_s": 0.06}
+    b = spec_bench.block_summary(before, after)
+    assert b["request_steps"] == 20 and b["pruned_share"] == 0.5
+    assert b["kept_per_step"] == 2.0 and b["grafted_per_step"] == 1.0
+    assert b["phase_ms_per_step"] == pytest.approx({"draft": 20.0, "graft": 5.0, "verify": 100.0, "feed": 1.0})
+    assert "| GRAFT-DFlash | 8 | 50% | 2.00 | 1.00 | 20.0 | 5.0 | 100.0 | 1.0 |" in spec_bench.render_block(
+        {"GRAFT-DFlash": b})

@@ -42,6 +42,7 @@ def default_dir(dtype: str, target: str = "smollm2") -> Path:
 
 
 HEADS = {"smollm2": "smollm2-135m-eagle3", "gemma3": "gemma-3-270m-eagle3"}  # committed beside this file
+BLOCK_DRAFTS = {"smollm2": "smollm2-135m-dflash"}  # DFlash block drafts (benchmark/train_dflash.py), ditto
 
 
 def build_target(target: str, dtype: str = "float32") -> Path:
@@ -52,6 +53,12 @@ def build_target(target: str, dtype: str = "float32") -> Path:
 def head_dir(target: str) -> Path:
     """The committed EAGLE-3 head of ``target``."""
     return Path(__file__).resolve().parent / HEADS[target]
+
+
+def block_draft_dir(target: str) -> Path | None:
+    """The committed DFlash block draft of ``target``, or None where it has none."""
+    name = BLOCK_DRAFTS.get(target)
+    return Path(__file__).resolve().parent / name if name else None
 
 
 def build(out: Path, dtype: str = "float32") -> Path:

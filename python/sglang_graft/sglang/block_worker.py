@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -74,12 +75,17 @@ class BlockStep:
         kept: ``[bs] int64`` draft tokens kept (:func:`block_graft.kept_lengths`).
         block: ``[bs, M] int64`` the draft slots the target verifies.
         retrieved: ``[bs, M] bool`` slots where a retrieved token replaced the draft's.
+        started, picked, grafted: host clock at the step's start, the block's greedy pick and the
+            grafted block's return (:class:`BlockCounters`' phases).
     """
 
     rids: list
     bonus: torch.Tensor
     kept: Optional[torch.Tensor] = None
     block: Optional[torch.Tensor] = None
+    started: float = 0.0
+    picked: float = 0.0
+    grafted: float = 0.0
     retrieved: Optional[torch.Tensor] = None
 
 
@@ -91,6 +97,15 @@ class BlockCounters:
     pruned_steps: int = 0  # ... whose block was cut before its end
     kept_tokens: int = 0  # draft tokens kept
     grafted_tokens: int = 0  # slots where a retrieved token replaced the draft's
+    # host seconds of the decode batch-steps by phase (on a CPU the work itself; on CUDA its launches):
+    # draft = the step's start to the block's greedy pick (SGLang's draft forward), graft = the pick,
+    # pruning and retrieval, verify = from there to SGLang's step end (target verify, acceptance),
+    # feed = stores and recycling matrix fed afterwards
+    batch_steps: int = 0
+    draft_s: float = 0.0
+    graft_s: float = 0.0
+    verify_s: float = 0.0
+    feed_s: float = 0.0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -233,7 +248,7 @@ class GraftDFlashWorker(DFlashWorkerV2):
         if rows:  # the prefill's sampled token: the first root of these requests
             roots = bonus[torch.tensor(rows, device=bonus.device)].tolist()
             self.retrieval.add_roots([rids[i] for i in rows], roots)
-        self._step = BlockStep(rids=rids, bonus=bonus)
+        self._step = BlockStep(rids=rids, bonus=bonus, started=time.perf_counter())
         try:
             with torch_sampled_verify(sampled, verifies=True):
                 result = super().forward_batch_generation(batch, *args, **kwargs)
@@ -243,7 +258,14 @@ class GraftDFlashWorker(DFlashWorkerV2):
         if step.block is None:
             raise seams.DFLASH_WORKER.error("the step did not pick its draft tokens through "
                                             "_greedy_sample_from_vocab_parallel_head; nothing was grafted")
+        verified = time.perf_counter()
         self._feed(batch, step, result)
+        c = self.block_counters
+        c.batch_steps += 1
+        c.draft_s += step.picked - step.started
+        c.graft_s += step.grafted - step.picked
+        c.verify_s += verified - step.grafted
+        c.feed_s += time.perf_counter() - verified
         return result
 
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
@@ -254,8 +276,10 @@ class GraftDFlashWorker(DFlashWorkerV2):
             return super()._greedy_sample_from_vocab_parallel_head(hidden_states=hidden_states, lm_head=lm_head,
                                                                      chunk_size=chunk_size)
         bs = len(step.rids)
+        step.picked = time.perf_counter()
         tokens, confidence = greedy_with_confidence(hidden_states, lm_head, chunk_size)
         self._graft(step, tokens.view(bs, -1), confidence.view(bs, -1))
+        step.grafted = time.perf_counter()
         return step.block.reshape(-1)
 
     def _graft(self, step: BlockStep, draft: torch.Tensor, confidence: torch.Tensor) -> None:
