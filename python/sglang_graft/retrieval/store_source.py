@@ -144,8 +144,14 @@ class StoreSource(RetrievalSource):
     def feature_bins(cls, scores: torch.Tensor, match_length: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         """Empirical path probability ``[bs, R]``, match length ``[bs]``, depth ``[bs, R]``
         (1 = child of the anchor) -> ``[bs, R]`` bins."""
+        return cls.match_depth_bins(match_length, depth) * PROBABILITY_BINS + probability_bins(scores)
+
+    @classmethod
+    def match_depth_bins(cls, match_length: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """Match length ``[bs]`` and depth ``[bs, R]`` -> ``[bs, R]`` bins ``0 .. STRENGTHS * DEPTHS - 1``
+        (strength major); the ``suffix_chain`` source's bins too."""
         m = match_length.to(torch.int64)
         strength = ((m >= 4).long() + (m >= 8).long() + (m >= 16).long())[:, None]
         # depth 1, 2, 3-4, 5-8, 9+ -> 0..4 (ceil(log2(depth)), exact at powers of two)
         level = torch.log2(depth.clamp(min=1).float()).ceil().to(torch.int64).clamp(max=cls.DEPTHS - 1)
-        return (strength * cls.DEPTHS + level) * PROBABILITY_BINS + probability_bins(scores)
+        return strength * cls.DEPTHS + level
