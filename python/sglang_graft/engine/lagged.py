@@ -21,17 +21,22 @@ Worked example (one request, calls 1..4 = prefill then three decode steps)::
     call 4 decode:  store = prompt + t0 + a b t1; re-root along [t2]; ...
 
 Every rank of a tensor-parallel group makes the same calls, so the lag is the same everywhere.
+
+With a :class:`~sglang_graft.retrieval.device_match.DeviceContext` the ring also appends every
+committed path to its request's device-side context as it is recorded (no lag: the next step's
+device-side suffix match, the ``suffix_chain`` source, sees the newest token).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import Hashable, Optional, Sequence
 
 import torch
 
 from sglang_graft.engine.outcome import HostOutcome, StepOutcome
+from sglang_graft.retrieval.device_match import DeviceContext
 
 
 @dataclass
@@ -63,10 +68,12 @@ class CommitRing:
         num_slots: rows of the pending-path table (SGLang's request pool size).
         width: longest committed path of one step (the largest verify budget).
         device: the model's device.
+        context: each row's device-side context, appended to by :meth:`record` (or None).
     """
 
-    def __init__(self, num_slots: int, width: int, device) -> None:
+    def __init__(self, num_slots: int, width: int, device, context: Optional[DeviceContext] = None) -> None:
         self.width = width
+        self.context = context
         self.device = torch.device(device)
         self.path = torch.zeros((num_slots, width), dtype=torch.int64, device=device)
         self.path_len = torch.ones(num_slots, dtype=torch.int64, device=device)
@@ -95,8 +102,8 @@ class CommitRing:
     def record(self, rids: Sequence[Hashable], pool_idx: torch.Tensor, outcome: StepOutcome, passes: int = 0,
                num_nodes: int = 0, plain: bool = False) -> LaggedEntry:
         """The call's committed ``outcome.tokens [bs, w]`` (``w <= W``, the front ``outcome.lengths``
-        of each row) become the requests' pending paths; the outcome's host copy is enqueued (no
-        wait)."""
+        of each row) become the requests' pending paths, and are appended to their device contexts;
+        the outcome's host copy is enqueued (no wait)."""
         w = outcome.tokens.shape[1]
         tokens = outcome.tokens.to(torch.int64)
         if w < self.width:
@@ -104,6 +111,8 @@ class CommitRing:
         outcome = dataclasses.replace(outcome, tokens=tokens, lengths=outcome.lengths.to(torch.int64))
         self.path[pool_idx] = tokens
         self.path_len[pool_idx] = outcome.lengths
+        if self.context is not None:
+            self.context.append(pool_idx, tokens, outcome.lengths)
         entry = LaggedEntry(self.call, list(rids), outcome.to_host(blocking=False), passes, num_nodes, plain)
         for row, rid in enumerate(rids):
             previous = self._newest.get(rid)

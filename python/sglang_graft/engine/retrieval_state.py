@@ -14,7 +14,11 @@ from the scheduler's ``output_ids`` (which lag one step under the overlap schedu
 Sync-free (``--speculative-graft-sync-free``): :attr:`ring` (a :class:`~sglang_graft.engine.lagged.CommitRing`)
 keeps each request's newest committed path on the device; :meth:`drain` commits the older paths
 when their host copies are known complete, and proposals are re-rooted along the newest path on
-the device (``propose_scored(..., pending=...)``).
+the device (``propose_scored(..., pending=...)``). A sync-free, cost-aware server whose sources
+follow the context also runs the ``suffix_chain`` source
+(:class:`~sglang_graft.retrieval.chain_source.SuffixChainSource`): each request's context on the
+device, loaded at admission into its row of the request pool and appended to by the ring as tokens are
+committed, and a chain after its newest suffix's most recent longest match.
 
 Determinism under tensor parallelism: every rank runs this with the same inputs (the scheduler
 broadcasts requests; accepted tokens come from the same verify result; the recycling matrix is
@@ -33,6 +37,8 @@ import torch
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.lagged import CommitRing, LaggedEntry
 from sglang_graft.retrieval import RetrievalSource, SourceCombiner, SourceContext, build_sources
+from sglang_graft.retrieval.chain_source import SuffixChainSource
+from sglang_graft.retrieval.device_match import DEVICE_CONTEXT_CAPACITY, DeviceContext
 from sglang_graft.tree import RetrievalProposals
 
 
@@ -88,15 +94,21 @@ class GraftRetrieval:
         num_stages: pruning stages (checkpoints + 1), for the stage histogram.
         device: the model's device.
         max_requests: most requests alive at once (sizes the recycling scopes).
+        sync_free: the steps are sync-free; with the cost-aware budget and a source that follows
+            the context, the ``suffix_chain`` source runs too (last, after the selected ones).
     """
 
     def __init__(self, cfg: GraftConfig, vocab_size: int, num_nodes: int, num_stages: int,
-                 device: torch.device | str, max_requests: int = 48):
+                 device: torch.device | str, max_requests: int = 48, sync_free: bool = False):
         self.cfg = cfg
         self.num_nodes = num_nodes
         self.device = device
         self.sources: list[RetrievalSource] = build_sources(
             cfg.source, cfg, SourceContext(vocab_size, num_nodes, device, max_requests))
+        self.chain: Optional[SuffixChainSource] = None
+        if sync_free and cfg.budget_mode == "cost" and any(s.follows_context for s in self.sources):
+            self.chain = SuffixChainSource(min(cfg.retrieval_max_depth, num_nodes - 1), device)
+            self.sources.append(self.chain)
         self.combined = SourceCombiner(self.sources, num_nodes)
         self._follow = [s for s in self.sources if s.follows_context]  # get every request's tokens
         self.counters = GraftCounters(stage_histogram=[0] * (num_stages + 1))
@@ -110,10 +122,17 @@ class GraftRetrieval:
         """The running source called ``name``."""
         return next(s for s in self.sources if s.name == name)
 
-    def use_ring(self, num_slots: int) -> CommitRing:
+    def use_ring(self, num_slots: int, context_len: Optional[int] = None) -> CommitRing:
         """Sync-free steps: committed tokens reach the stores through a :class:`CommitRing` of
-        ``num_slots`` device rows (SGLang's request pool), two worker calls late."""
-        self.ring = CommitRing(num_slots, self.num_nodes, self.device)
+        ``num_slots`` device rows (SGLang's request pool), two worker calls late; with the
+        ``suffix_chain`` source, the ring also appends them to a :class:`DeviceContext` of
+        ``min(context_len, DEVICE_CONTEXT_CAPACITY)`` tokens per row at once."""
+        context = None
+        if self.chain is not None:
+            capacity = min(context_len or DEVICE_CONTEXT_CAPACITY, DEVICE_CONTEXT_CAPACITY)
+            context = DeviceContext(num_slots, capacity, self.device)
+            self.chain.attach(context)
+        self.ring = CommitRing(num_slots, self.num_nodes, self.device, context=context)
         return self.ring
 
     def drain(self) -> list[LaggedEntry]:
@@ -124,13 +143,18 @@ class GraftRetrieval:
         return drained.entries
 
     # -- request lifecycle ---------------------------------------------------------------------
-    def admit(self, rid: Hashable, tokens: Sequence[int], tenant: Optional[str] = None) -> None:
+    def admit(self, rid: Hashable, tokens: Sequence[int], tenant: Optional[str] = None,
+              pool_idx: Optional[int] = None) -> None:
         """Index ``tokens``: the request's whole sequence up to the end of the chunk being
         prefilled (prompt, plus the output so far for a retracted request coming back).
 
         Every source is told at every chunk (:meth:`RetrievalSource.admit` with the tokens an
         earlier chunk gave). The token the prefill samples is added by :meth:`add_roots`.
+        ``pool_idx``: the request's row in SGLang's request pool (the ``suffix_chain`` source's
+        device context; without it that source proposes nothing for the request).
         """
+        if self.chain is not None and pool_idx is not None:
+            self.chain.bind(rid, pool_idx)
         seen = self._indexed.get(rid)
         for source in self.sources:
             source.admit(rid, tokens, tenant, seen)

@@ -8,6 +8,9 @@
   under a hard memory cap) -- proposing copy continuations as ``RetrievedTree``.
 * ``recycle`` (``RecycleSource``): a device-side ``RecyclingMatrix`` of the target's top-k
   successors, proposing a static template tree for the whole batch with tensor ops.
+* ``suffix_chain`` (``chain_source.SuffixChainSource``, not a flag value: sync-free steps add it):
+  each request's context in a device buffer (``device_match.DeviceContext``) and one chain after
+  the most recent longest match of its newest tokens (``device_match.longest_suffix_chain``).
 
 Nothing here imports SGLang.
 """
