@@ -466,6 +466,16 @@ def batch_context_tokens(reqs) -> int:
             .error("missing") from None
 
 
+def request_pool_index(req: Any) -> int:
+    """A request's row in the request pool (``Req.kv.req_pool_idx``, a host int set before its
+    prefill runs; the batch's ``req_pool_indices`` holds the same on the device)."""
+    idx = getattr(getattr(req, "kv", None), "req_pool_idx", None)
+    if idx is None:
+        raise Seam("sglang.srt.managers.schedule_batch.ReqKvInfo.req_pool_idx", "keep a request's context on "
+                   "the device in its request-pool row").error("missing or unset at prefill")
+    return int(idx)
+
+
 def request_tenant(req: Any) -> Optional[str]:
     """A request's tenant key for recycling scopes: its ``cache_salt`` (client-chosen; a deployment
     sets it at its gateway). Not ``extra_key``: SGLang folds the LoRA adapter id into it

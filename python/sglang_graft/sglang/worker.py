@@ -86,10 +86,11 @@ class GraftWorkerV2(EAGLEWorkerV2):
         device = seams.DEVICE_CONFIG.resolve()().device
         vocab = target_worker.model_runner.model_config.vocab_size
         num_stages = len(self.graft_cfg.resolved_checkpoints(num_steps))
-        self.retrieval = GraftRetrieval(self.graft_cfg, vocab, num_nodes, num_stages, device,
-                                        max_requests=(server_args.max_running_requests or 48) + 1)
-        self.budgets = self.graft_cfg.resolved_budgets(num_nodes)
         self.sync_free = self.graft_cfg.resolved_sync_free(device)
+        self.retrieval = GraftRetrieval(self.graft_cfg, vocab, num_nodes, num_stages, device,
+                                        max_requests=(server_args.max_running_requests or 48) + 1,
+                                        sync_free=self.sync_free)
+        self.budgets = self.graft_cfg.resolved_budgets(num_nodes)
         self.stepper = GraftStepper(self.graft_cfg, self.retrieval, num_steps, topk,
                                     self.budgets, device, all_reduce_sum=_tp_all_reduce(), sync_free=self.sync_free,
                                     ragged=self.graft_cfg.resolved_ragged(device, self.sync_free))
@@ -173,7 +174,9 @@ class GraftWorkerV2(EAGLEWorkerV2):
                 watchers.enter_context(self.cuda_syncs.watch(decode))
             if self.sync_free:
                 if self.retrieval.ring is None:  # SGLang's request pool exists from the first call on
-                    self.retrieval.use_ring(self._target_worker.model_runner.req_to_token_pool.req_to_token.shape[0])
+                    runner = self._target_worker.model_runner
+                    self.retrieval.use_ring(runner.req_to_token_pool.req_to_token.shape[0],
+                                            runner.model_config.context_len)
                 self._take_in(self.retrieval.drain())
             if not decode:
                 return super().forward_batch_generation(batch, *args, **kwargs)
@@ -207,7 +210,8 @@ class GraftWorkerV2(EAGLEWorkerV2):
         idle = batch.forward_mode.is_idle()
         if not idle:
             for req in batch.reqs:
-                self.retrieval.admit(req.rid, seams.request_tokens(req), seams.request_tenant(req))
+                self.retrieval.admit(req.rid, seams.request_tokens(req), seams.request_tenant(req),
+                                     seams.request_pool_index(req))
                 self.lag.forget(req.rid)  # the draft prefill makes its state current
         result = super()._forward_prefill_batch(batch, *args, **kwargs)
         if idle:
