@@ -94,3 +94,17 @@ def test_tenant_key_is_the_cache_salt_only():
     assert seams.request_tenant(SimpleNamespace(cache_salt=None, extra_key="adapter-1", lora_id="adapter-1")) is None
     assert seams.request_tenant(SimpleNamespace(cache_salt="", extra_key="x")) is None
     assert seams.request_tenant(SimpleNamespace(cache_salt="tenant-a", extra_key="adapter-1")) == "tenant-a"
+
+
+def test_the_request_pool_index_is_the_requests_kv_row():
+    """``request_pool_index`` reads SGLang 0.5.23's ``Req.kv.req_pool_idx`` (the row the batch's
+    ``req_pool_indices`` hold) and names the symbol where it is unset."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+    assert "req_pool_idx" in {f.name for f in dataclasses.fields(ReqKvInfo)}
+    assert seams.request_pool_index(SimpleNamespace(kv=ReqKvInfo(req_pool_idx=3))) == 3
+    with pytest.raises(seams.SeamError, match="ReqKvInfo.req_pool_idx"):
+        seams.request_pool_index(SimpleNamespace(kv=ReqKvInfo()))

@@ -211,7 +211,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
         if not idle:
             for req in batch.reqs:
                 self.retrieval.admit(req.rid, seams.request_tokens(req), seams.request_tenant(req),
-                                     seams.request_pool_index(req))
+                                     seams.request_pool_index(req) if self.sync_free else None)
                 self.lag.forget(req.rid)  # the draft prefill makes its state current
         result = super()._forward_prefill_batch(batch, *args, **kwargs)
         if idle:
