@@ -230,7 +230,7 @@ def test_a_chunked_prefill_reloads_and_a_released_request_proposes_nothing():
 
 
 @pytest.mark.parametrize("cfg", [dict(sync_free=False), dict(budget_mode="fixed"), dict(source="recycle"),
-                                 dict(source="none")])
+                                 dict(source="none"), dict(suffix_chain="off")])
 def test_the_chain_runs_only_in_sync_free_cost_aware_steps_over_the_context(cfg):
     r = _retrieval(**cfg)
     assert r.chain is None and all(not isinstance(s, SuffixChainSource) for s in r.sources)

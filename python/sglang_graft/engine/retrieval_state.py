@@ -94,8 +94,9 @@ class GraftRetrieval:
         num_stages: pruning stages (checkpoints + 1), for the stage histogram.
         device: the model's device.
         max_requests: most requests alive at once (sizes the recycling scopes).
-        sync_free: the steps are sync-free; with the cost-aware budget and a source that follows
-            the context, the ``suffix_chain`` source runs too (last, after the selected ones).
+        sync_free: the steps are sync-free; with the cost-aware budget, a source that follows
+            the context and ``cfg.suffix_chain`` not ``off``, the ``suffix_chain`` source runs too
+            (last, after the selected ones).
     """
 
     def __init__(self, cfg: GraftConfig, vocab_size: int, num_nodes: int, num_stages: int,
@@ -106,7 +107,8 @@ class GraftRetrieval:
         self.sources: list[RetrievalSource] = build_sources(
             cfg.source, cfg, SourceContext(vocab_size, num_nodes, device, max_requests))
         self.chain: Optional[SuffixChainSource] = None
-        if sync_free and cfg.budget_mode == "cost" and any(s.follows_context for s in self.sources):
+        if sync_free and cfg.budget_mode == "cost" and cfg.suffix_chain != "off" \
+                and any(s.follows_context for s in self.sources):
             self.chain = SuffixChainSource(min(cfg.retrieval_max_depth, num_nodes - 1), device)
             self.sources.append(self.chain)
         self.combined = SourceCombiner(self.sources, num_nodes)
