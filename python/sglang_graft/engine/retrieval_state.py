@@ -36,7 +36,7 @@ import torch
 
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.lagged import CommitRing, LaggedEntry
-from sglang_graft.retrieval import RetrievalSource, SourceCombiner, SourceContext, build_sources
+from sglang_graft.retrieval import RetrievalSource, SourceCombiner, SourceContext, build_sources, follows_context
 from sglang_graft.retrieval.chain_source import SuffixChainSource
 from sglang_graft.retrieval.device_match import DEVICE_CONTEXT_CAPACITY, DeviceContext
 from sglang_graft.tree import RetrievalProposals
@@ -82,6 +82,15 @@ class GraftCounters:
         }
 
 
+def suffix_chain_runs(cfg: GraftConfig, sync_free: bool, sources_follow: Optional[bool] = None) -> bool:
+    """Whether the ``suffix_chain`` source runs: sync-free, cost-aware steps, ``--speculative-graft-
+    suffix-chain`` not ``off``, and a selected source that follows the context (``sources_follow``:
+    the built sources' answer; None: read from the selection, :func:`~sglang_graft.retrieval.follows_context`)."""
+    if sources_follow is None:
+        sources_follow = follows_context(cfg.source)
+    return sync_free and cfg.budget_mode == "cost" and cfg.suffix_chain != "off" and sources_follow
+
+
 class GraftRetrieval:
     """Drives the server's retrieval sources (``--speculative-graft-source``) through the
     :class:`~sglang_graft.retrieval.RetrievalSource` protocol and proposes one padded tree batch
@@ -107,8 +116,7 @@ class GraftRetrieval:
         self.sources: list[RetrievalSource] = build_sources(
             cfg.source, cfg, SourceContext(vocab_size, num_nodes, device, max_requests))
         self.chain: Optional[SuffixChainSource] = None
-        if sync_free and cfg.budget_mode == "cost" and cfg.suffix_chain != "off" \
-                and any(s.follows_context for s in self.sources):
+        if suffix_chain_runs(cfg, sync_free, any(s.follows_context for s in self.sources)):
             self.chain = SuffixChainSource(min(cfg.retrieval_max_depth, num_nodes - 1), device)
             self.sources.append(self.chain)
         self.combined = SourceCombiner(self.sources, num_nodes)

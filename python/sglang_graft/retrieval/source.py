@@ -210,6 +210,17 @@ def selected_sources(selection: str) -> tuple[str, ...]:
     return (selection,)
 
 
+def follows_context(selection: str) -> bool:
+    """Whether a source of ``selection`` wants every request's tokens, read before any is built: the
+    ``follows_context`` of the class behind each factory (a class, or a classmethod such as
+    ``from_config``); a factory that names no class counts as following (the safe answer for sizing
+    what such sources need)."""
+    def follows(factory) -> bool:
+        return bool(getattr(getattr(factory, "__self__", factory), "follows_context", True))
+
+    return any(follows(_REGISTRY[name][0]) for name in selected_sources(selection))
+
+
 def build_sources(selection: str, cfg: Any, context: SourceContext) -> list[RetrievalSource]:
     """The sources of ``selection``, built from ``cfg`` and ``context``."""
     return [_REGISTRY[name][0](cfg, context) for name in selected_sources(selection)]

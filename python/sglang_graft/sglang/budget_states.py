@@ -250,6 +250,7 @@ def memory_shape(server_args, model_config, device: str, graph_max_bs: int, tp_s
     ``spec``: the resolved draft shape (``speculative_num_draft_tokens``, ``_num_steps``,
     ``_eagle_topk``: SGLang's spec config, since ``server_args`` keeps None for a flag the user left
     unset); ``backend``: the resolved decode attention backend."""
+    from sglang_graft.engine.retrieval_state import suffix_chain_runs
     from sglang_graft.sglang.launch_config import config_of
 
     if backend not in BACKENDS:
@@ -264,7 +265,10 @@ def memory_shape(server_args, model_config, device: str, graph_max_bs: int, tp_s
         budgets=cfg.resolved_budgets(num_nodes), heads=heads, draft_heads=draft_heads,
         v_head_dim=getattr(model_config, "v_head_dim", None) or model_config.head_dim,
         kv_splits=getattr(server_args, "triton_attention_num_kv_splits", None) or 8,
-        max_requests=server_args.max_running_requests or 48)  # the eager draft's buffer: the request pool's size
+        max_requests=server_args.max_running_requests or 48,  # the eager draft's buffer: the request pool's size
+        # the suffix chain's context: one row per request-pool slot (the pool has one more than requests)
+        device_context_rows=(server_args.max_running_requests or 48) + 1
+        if suffix_chain_runs(cfg, cfg.resolved_sync_free(device)) else 0)
 
 
 def _draft_heads(path, tp_size: int) -> Optional[int]:

@@ -40,6 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Tuple
 
+from sglang_graft.retrieval.device_match import DEVICE_CONTEXT_CAPACITY
+
 BACKENDS = ("triton", "flashinfer")
 FLASHINFER_WORKSPACE = 384 << 20  # SGLANG_FLASHINFER_WORKSPACE_SIZE's default
 
@@ -60,6 +62,9 @@ class SpecMemoryShape:
     kv_splits: int = 8  # --triton-attention-num-kv-splits
     max_requests: int = 0  # requests the eager draft's static buffer holds (0: max_bs)
     workspace_bytes: int = FLASHINFER_WORKSPACE
+    # request rows of the sync-free suffix chain's device context (0: the chain does not run), each
+    # min(context_len, DEVICE_CONTEXT_CAPACITY) int32 tokens
+    device_context_rows: int = 0
     extra: dict = field(default_factory=dict, compare=False)  # free-form notes carried to the report
 
     def __post_init__(self):
@@ -106,6 +111,11 @@ def runtime_state_bytes(shape: SpecMemoryShape, num_nodes: int, *, new_workspace
             "workspace": workspace}
 
 
+def device_context_bytes(shape: SpecMemoryShape) -> int:
+    """The sync-free suffix chain's per-request device context (``retrieval.device_match``)."""
+    return shape.device_context_rows * min(shape.context_len, DEVICE_CONTEXT_CAPACITY) * 4
+
+
 def plan(shape: SpecMemoryShape) -> dict:
     """Bytes of the speculative graph buffers under three builds of the same server:
 
@@ -117,21 +127,25 @@ def plan(shape: SpecMemoryShape) -> dict:
       ``max_requests``; it is there without CUDA graphs too);
 
     with ``extra`` = ``graft - eagle3`` (what GRAFT adds to EAGLE-3's; what comes out of the KV pool)
-    and each build's parts. The start-up state's own workspace is SGLang's global one (not counted).
+    and each build's parts. ``graft`` also holds the sync-free suffix chain's device context
+    (:func:`device_context_bytes`; no graph buffer, but GRAFT's). The start-up state's own workspace
+    is SGLang's global one (not counted).
     """
     largest = shape.budgets[-1]
+    context = device_context_bytes(shape)
     if shape.max_bs == 0:  # no CUDA graphs: no graph buffers, only GRAFT's eager draft buffer
         eager_draft = draft_decode_bytes(shape, per_level_logits=False, requests=shape.max_requests)
         zero = {"target_verify": 0, "draft_extend": 0, "draft_decode": 0, "workspace": 0}
-        return {"shape": _shape_dict(shape), "eagle3": 0, "sglang_states": 0, "graft": eager_draft,
-                "extra": eager_draft, "parts": {"startup": zero, "sglang_per_budget": {},
-                                                "graft_eager_draft": eager_draft}}
+        return {"shape": _shape_dict(shape), "eagle3": 0, "sglang_states": 0, "graft": eager_draft + context,
+                "extra": eager_draft + context, "parts": {"startup": zero, "sglang_per_budget": {},
+                                                          "graft_eager_draft": eager_draft,
+                                                          "graft_device_context": context}}
     startup = runtime_state_bytes(shape, largest, new_workspace=False)
     eagle3 = sum(startup.values())
     per_budget = {n: runtime_state_bytes(shape, n, new_workspace=True) for n in shape.budgets[:-1]}
     sglang_states = eagle3 + sum(sum(parts.values()) for parts in per_budget.values())
     eager_draft = draft_decode_bytes(shape, per_level_logits=False, requests=shape.max_requests or shape.max_bs)
-    graft = startup["target_verify"] + startup["draft_extend"] + eager_draft
+    graft = startup["target_verify"] + startup["draft_extend"] + eager_draft + context
     return {
         "shape": _shape_dict(shape),
         "eagle3": eagle3,
@@ -139,7 +153,7 @@ def plan(shape: SpecMemoryShape) -> dict:
         "graft": graft,
         "extra": graft - eagle3,
         "parts": {"startup": startup, "sglang_per_budget": {str(n): p for n, p in per_budget.items()},
-                  "graft_eager_draft": eager_draft},
+                  "graft_eager_draft": eager_draft, "graft_device_context": context},
     }
 
 
@@ -147,7 +161,7 @@ def _shape_dict(shape: SpecMemoryShape) -> dict:
     return {"backend": shape.backend, "max_bs": shape.max_bs, "context_len": shape.context_len,
             "num_steps": shape.num_steps, "topk": shape.topk, "budgets": list(shape.budgets), "heads": shape.heads,
             "draft_heads": shape.draft_heads, "v_head_dim": shape.v_head_dim, "kv_splits": shape.kv_splits,
-            "max_requests": shape.max_requests, **shape.extra}
+            "max_requests": shape.max_requests, "device_context_rows": shape.device_context_rows, **shape.extra}
 
 
 def gib(n: int) -> str:
