@@ -13,8 +13,8 @@
 #   MANIFEST.txt   what is in it and its sizes
 #
 #   bash scripts/gpu_bundle.sh                 # build (downloads cached under .cache/gpubundle/), check sizes
-#   bash scripts/gpu_bundle.sh --travel        # check sizes, then move the committed EAGLE-3 heads aside so the
-#                                              # tree travels without them (57 MB; the GPU check builds its models)
+#   bash scripts/gpu_bundle.sh --travel        # check sizes, then move the committed drafts aside so the
+#                                              # tree travels without them (73 MB; the GPU check builds its models)
 #   bash scripts/gpu_bundle.sh --restore       # put the heads back
 #
 # The payload that travels (tracked and untracked-not-ignored files without the heads, plus
