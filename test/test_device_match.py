@@ -161,7 +161,7 @@ PROMPT = [11, 12, 13, 20, 21, 22, 23, 30, 31, 40, 50]
 
 
 def _retrieval(sync_free=True, **cfg) -> GraftRetrieval:
-    config = GraftConfig(**{"budget_mode": "cost", "sync_free": "on", "source": "auto", **cfg})
+    config = GraftConfig(**{"budget_mode": "cost", "sync_free": "on", "source": "auto", "suffix_chain": "on", **cfg})
     return GraftRetrieval(config, 64, num_nodes=8, num_stages=3, device="cpu", sync_free=sync_free)
 
 

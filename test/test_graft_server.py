@@ -139,7 +139,8 @@ def test_graft_auto_greedy_token_exact_and_retrieval_fires(tiny_models, server_l
 
 
 def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs, reference, tmp_path):
-    """``--speculative-graft-sync-free on`` (CUDA's default) served on a CPU: token-exact alone and
+    """``--speculative-graft-sync-free on`` (CUDA's default; with the device-side suffix chain on)
+    served on a CPU: token-exact alone and
     under concurrency (requests joining and leaving every few steps), sampling completes, retrieval
     re-rooted on the device still gets tokens accepted, each response carries its per-request counts,
     and GRAFT's code reads no tensor value on the host in any worker call (SGLang's own reads counted
@@ -147,7 +148,8 @@ def test_graft_sync_free_step_reads_nothing_on_the_host(tiny_models, server_logs
     not depend on how loaded the machine is."""
     ids, ref = reference
     env = {**COUNT_READS, **pinned_env(tmp_path / "pinned")}
-    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-sync-free", "on"),
+    with SGLangServer(tiny_models["llama"], _graft_args(tiny_models, "--speculative-graft-sync-free", "on",
+                                                         "--speculative-graft-suffix-chain", "on"),
                       log_path=server_logs / "graft-sync-free.log", env=env) as srv:
         outs = _run_all(srv, ids)
         assert [o["output_ids"] for o in outs] == ref

@@ -164,19 +164,19 @@ def test_the_plan_comes_out_of_the_kv_pool_before_sglang_sizes_it(tmp_path):
     assert budget_states.memory_shape(_server_args(tmp_path), model, "cpu", 0, 1, _spec(), "intel_amx") is None
     on_cpu = budget_states.memory_shape(_server_args(tmp_path), model, "cpu", 32, 1, _spec(), "triton")
     assert on_cpu.max_bs == 0  # no CUDA graphs on a CPU: the eager draft's buffer alone
-    # sync-free steps (auto: on CUDA) keep each request-pool row's newest 8192 tokens for the suffix chain
-    assert (shape.device_context_rows, on_cpu.device_context_rows) == (49, 0)
+    assert (shape.device_context_rows, on_cpu.device_context_rows) == (0, 0)  # the suffix chain is off by default
     # graphs for up to 32 requests, the eager draft's buffer for 48: the difference is GRAFT's extra
     with_graphs = plan(shape)
-    assert with_graphs["parts"]["graft_device_context"] == 49 * 8192 * 4
-    assert with_graphs["extra"] == (48 - 32) * 6 * 4 * 8192 * 8 - 32 * 4 * 4 - 5 * (32 * 4 * 8 * 8 * 128 * 4 + 32 * 4 * 8 * 8 * 4) \
-        + 49 * 8192 * 4
+    assert with_graphs["extra"] == (48 - 32) * 6 * 4 * 8192 * 8 - 32 * 4 * 4 - 5 * (32 * 4 * 8 * 8 * 128 * 4 + 32 * 4 * 8 * 8 * 4)
     from sglang_graft.config import GraftConfig
     from sglang_graft.sglang import seams
 
-    off = _server_args(tmp_path, **{seams.GRAFT_CONFIG_ATTR: GraftConfig(suffix_chain="off")})
-    no_chain = budget_states.memory_shape(off, model, "cuda", 32, 2, _spec(), "triton")
-    assert no_chain.device_context_rows == 0 and plan(no_chain)["extra"] == with_graphs["extra"] - 49 * 8192 * 4
+    # with it on, sync-free steps (auto: on CUDA) keep each request-pool row's newest 8192 tokens
+    on = _server_args(tmp_path, **{seams.GRAFT_CONFIG_ATTR: GraftConfig(suffix_chain="on")})
+    chain = budget_states.memory_shape(on, model, "cuda", 32, 2, _spec(), "triton")
+    assert chain.device_context_rows == 49 and plan(chain)["parts"]["graft_device_context"] == 49 * 8192 * 4
+    assert plan(chain)["extra"] == with_graphs["extra"] + 49 * 8192 * 4
+    assert budget_states.memory_shape(on, model, "cpu", 32, 1, _spec(), "triton").device_context_rows == 0  # not sync-free
     assert budget_states.take_out_of_the_kv_pool(10 * GiB, with_graphs) == 10 * GiB - with_graphs["extra"]
     wide = plan(budget_states.memory_shape(_server_args(tmp_path), model, "cuda", 64, 2, _spec(), "triton"))
     assert wide["extra"] < 0 and budget_states.take_out_of_the_kv_pool(10 * GiB, wide) == 10 * GiB  # nothing taken

@@ -9,9 +9,8 @@ The traces were re-recorded when the cost model began to price context and take 
 plain steps came to be decided after retrieval from the draft's first level (intended changes of
 decisions); plain steps (``plain_plan``, on in the two cost-aware traces) are among the recorded calls.
 The sync-free trace was re-recorded when its steps came to choose draft passes, budget and plain
-steps jointly from the lagged step's valuation by draft depth (an intended change; it has plain steps),
-and again when sync-free steps gained the device-side suffix chain (``suffix_chain``: each request's
-context on the device, admitted with its request-pool row, proposals wider by the chain).
+steps jointly from the lagged step's valuation by draft depth (an intended change; it has plain steps).
+The device-side suffix chain (``--speculative-graft-suffix-chain``) is off by default and not in it.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ GRAPH_MODES = ("auto", "on", "off", "shadow")
 # from results two worker calls old, re-rooted on the device), ``off`` (fresh values, host reads),
 # ``auto``: on for CUDA, off on a CPU (where a host read stalls nothing).
 SYNC_FREE_MODES = ("auto", "on", "off")
-SUFFIX_CHAIN_MODES = ("auto", "off")
+SUFFIX_CHAIN_MODES = ("off", "on")
 # --speculative-graft-plain-steps: where a cost-aware step may be decided plain (N = 1, the roots
 # verified alone): in batches of two or more requests (batched), in every batch (on), never (off).
 PLAIN_STEP_MODES = ("batched", "on", "off")
@@ -78,7 +78,7 @@ class GraftConfig:
     recycle_widths: Tuple[int, ...] = (8, 10, 8, 6, 5, 4, 4, 4, 3)  # BFS width template
     recycle_scope: str = "tenant"  # who shares a recycling matrix (see RECYCLE_SCOPES)
     auto_match_threshold: int = 4  # auto: suffix match length from which sam is used
-    suffix_chain: str = "auto"  # sync-free steps' device-side suffix chain (see SUFFIX_CHAIN_MODES)
+    suffix_chain: str = "off"  # sync-free steps' device-side suffix chain (see SUFFIX_CHAIN_MODES)
     per_step_metrics: bool = False  # per verify step GRAFT fields in responses (else aggregates)
     budget_mode: str = "cost"  # cost: per-step budget, draft only what pays; fixed: N every step, every draft pass
     budgets: Tuple[int, ...] = ()  # verify budgets a step may choose; empty: see resolved_budgets
@@ -223,10 +223,10 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "tp_check": dict(type=int, help="Every K verify steps, all-reduce a hash of the tree over the tensor-parallel "
                      "ranks and stop with an error if they differ (0 = off; each check is one host sync). "
                      f"Default: every {TP_CHECK_AUTO} steps with tensor parallelism, off on one rank."),
-    "suffix_chain": dict(choices=SUFFIX_CHAIN_MODES, help="auto: sync-free cost-aware steps whose sources include "
+    "suffix_chain": dict(choices=SUFFIX_CHAIN_MODES, help="on: sync-free cost-aware steps whose sources include "
                          "sam also propose, per request, the chain after the most recent longest match of its newest "
                          "committed tokens, found on the device (the host store lags two steps there); off: they do "
-                         "not (the step before this source, for comparisons)."),
+                         "not (the default: on the tune split it moved tau between categories, 2.28 either way)."),
     "sync_free": dict(choices=SYNC_FREE_MODES, help="on: the decode step reads no device value on the host "
                       "(retrieval, draft depth and budget decided from results two steps old, retrieved trees "
                       "re-rooted on the device along the newest committed path; responses carry no per-request "

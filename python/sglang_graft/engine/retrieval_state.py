@@ -84,11 +84,11 @@ class GraftCounters:
 
 def suffix_chain_runs(cfg: GraftConfig, sync_free: bool, sources_follow: Optional[bool] = None) -> bool:
     """Whether the ``suffix_chain`` source runs: sync-free, cost-aware steps, ``--speculative-graft-
-    suffix-chain`` not ``off``, and a selected source that follows the context (``sources_follow``:
+    suffix-chain on``, and a selected source that follows the context (``sources_follow``:
     the built sources' answer; None: read from the selection, :func:`~sglang_graft.retrieval.follows_context`)."""
     if sources_follow is None:
         sources_follow = follows_context(cfg.source)
-    return sync_free and cfg.budget_mode == "cost" and cfg.suffix_chain != "off" and sources_follow
+    return sync_free and cfg.budget_mode == "cost" and cfg.suffix_chain == "on" and sources_follow
 
 
 class GraftRetrieval:
@@ -104,7 +104,7 @@ class GraftRetrieval:
         device: the model's device.
         max_requests: most requests alive at once (sizes the recycling scopes).
         sync_free: the steps are sync-free; with the cost-aware budget, a source that follows
-            the context and ``cfg.suffix_chain`` not ``off``, the ``suffix_chain`` source runs too
+            the context and ``cfg.suffix_chain`` ``on``, the ``suffix_chain`` source runs too
             (last, after the selected ones).
     """
 
