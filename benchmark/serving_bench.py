@@ -103,11 +103,8 @@ def dataset_rows(per_category: int, split: str = "report", prompts: Path | None 
     return [(c, p) for c in prompt_sets.CATEGORIES for p in prompt_sets.load(c, split, per_category)]
 
 
-def write_dataset(path: Path, per_category: int, split: str = "report", prompts: Path | None = None,
-                  rows: list[tuple[str, str]] | None = None) -> int:
-    """The benchmark prompts (or ``rows``) as sglang.benchmark.serving's ``custom`` JSONL; returns the
-    number of rows."""
-    rows = dataset_rows(per_category, split, prompts) if rows is None else rows
+def write_dataset(path: Path, rows: list[tuple[str, str]]) -> int:
+    """``(category, prompt)`` rows as sglang.benchmark.serving's ``custom`` JSONL; returns their number."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for _, prompt in rows:
@@ -323,13 +320,13 @@ def main() -> None:
         datasets = {}
         for c, level_rows in zip(args.concurrency, disjoint_levels(rows, args.prompts_per_level)):
             datasets[c] = args.out / f"prompts-c{c}.jsonl"
-            write_dataset(datasets[c], 0, rows=level_rows)
+            write_dataset(datasets[c], level_rows)
     else:
         if max(args.prompts_per_level) > n_rows:  # SGLang's load generator would cap it silently
             print(f"[serving_bench] the dataset has {n_rows} prompts: --prompts-per-level capped to {n_rows}")
             args.prompts_per_level = [min(n, n_rows) for n in args.prompts_per_level]
         datasets = dict.fromkeys(args.concurrency, args.out / "prompts.jsonl")
-        write_dataset(datasets[args.concurrency[0]], 0, rows=rows)
+        write_dataset(datasets[args.concurrency[0]], rows)
     t_start = time.time()
     results, economy = measure(args.names, args, datasets)
     base = {r["concurrency"]: r["output_throughput"] for r in results if r["method"] == "none"}
