@@ -185,6 +185,34 @@ def test_the_joint_choice_follows_the_worked_example():
     assert s.lagged_choice(1, 0, 0) == (3, 0, False)
 
 
+def test_remembered_depths_lift_the_one_level_cap():
+    """``--speculative-graft-lagged-depths remembered``: depths the newest known step did not value
+    come from the newest step that did, so after a shallow step the draft may go back to the depth
+    an earlier step found paying; ``newest`` deepens by one level at most. Rows the newest step
+    valued replace the remembered ones (an earlier deep row does not outlive a newer valuation)."""
+    deep = [[1.0, 1.2, 1.3, 1.3], [1.0, 1.6, 2.0, 2.1], [1.0, 2.0, 3.0, 3.4], [1.0, 2.2, 3.6, 4.4]]
+    shallow = [[1.0, 1.2, 1.3, 1.3], [1.0, 1.6, 2.0, 2.1], [NAN] * 4, [NAN] * 4]
+    costs = (0.010, {1: 0.038, 2: 0.040, 4: 0.045, 8: 0.055}, 0.035)
+    choices = {}
+    for mode in ("newest", "remembered"):
+        s = _stepper(plain_steps="batched", lagged_depths=mode)
+        _pin_costs(s, *costs)
+        s.num_steps = 4
+        _lagged(s, [deep, deep])  # an exploring step: every depth valued
+        _lagged(s, [shallow])  # then a step of 0 passes: depth 0 valued, depth 1 estimated
+        choices[mode] = s.lagged_choice(1, 0, None)
+    # per request: 1 pass N 4 2.0 / 0.055 s = 36 tok/s (N 8: 32); 3 passes N 8 4.4 / 0.085 s = 52 tok/s
+    assert choices == {"newest": (1, 2, False), "remembered": (3, 3, False)}
+    # a newer valuation of depth 3 replaces the remembered one
+    s = _stepper(plain_steps="batched", lagged_depths="remembered")
+    _pin_costs(s, *costs)
+    s.num_steps = 4
+    _lagged(s, [deep])
+    _lagged(s, [[*shallow[:2], [1.0, 1.6, 2.0, 2.1], [1.0, 1.6, 2.0, 2.1]]])
+    assert s.lagged_choice(1, 0, None) == (1, 2, False)
+    assert np.allclose(s.depth_memory[0, 3], [1.0, 1.6, 2.0, 2.1])
+
+
 def test_the_choice_prices_the_batch_it_is_for():
     """The newest step's per-request mean, scaled to this batch, against this batch's costs: the
     same record makes a big, cheap-to-verify batch speculate and a batch whose wide verifies cost

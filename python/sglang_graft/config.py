@@ -46,6 +46,11 @@ GRAPH_MODES = ("auto", "on", "off", "shadow")
 # ``auto``: on for CUDA, off on a CPU (where a host read stalls nothing).
 SYNC_FREE_MODES = ("auto", "on", "off")
 SUFFIX_CHAIN_MODES = ("off", "on")
+# --speculative-graft-lagged-depths: the expected tokens by draft depth a sync-free step chooses from:
+# the newest known step's alone (newest: it values the depths it drafted and one deeper, so the draft
+# deepens by at most one level per known step), or per depth the newest known step that valued it
+# (remembered).
+LAGGED_DEPTH_MODES = ("newest", "remembered")
 # --speculative-graft-plain-steps: where a cost-aware step may be decided plain (N = 1, the roots
 # verified alone): in batches of two or more requests (batched), in every batch (on), never (off).
 PLAIN_STEP_MODES = ("batched", "on", "off")
@@ -79,6 +84,7 @@ class GraftConfig:
     recycle_scope: str = "tenant"  # who shares a recycling matrix (see RECYCLE_SCOPES)
     auto_match_threshold: int = 4  # auto: suffix match length from which sam is used
     suffix_chain: str = "off"  # sync-free steps' device-side suffix chain (see SUFFIX_CHAIN_MODES)
+    lagged_depths: str = "newest"  # which known steps' depth rows a sync-free step chooses from (LAGGED_DEPTH_MODES)
     per_step_metrics: bool = False  # per verify step GRAFT fields in responses (else aggregates)
     budget_mode: str = "cost"  # cost: per-step budget, draft only what pays; fixed: N every step, every draft pass
     budgets: Tuple[int, ...] = ()  # verify budgets a step may choose; empty: see resolved_budgets
@@ -227,6 +233,11 @@ _FLAGS: dict[str, dict[str, Any]] = {
                          "sam also propose, per request, the chain after the most recent longest match of its newest "
                          "committed tokens, found on the device (the host store lags two steps there); off: they do "
                          "not (the default: on the tune split it moved tau between categories, 2.28 either way)."),
+    "lagged_depths": dict(choices=LAGGED_DEPTH_MODES, help="Sync-free cost-aware steps choose draft passes, budget "
+                          "and plain steps from each known step's expected tokens per budget by draft depth, valued "
+                          "for the depths it drafted and estimated one level deeper. newest: from the newest known "
+                          "step alone (the draft deepens by at most one level per known step); remembered: each "
+                          "depth from the newest known step that valued it."),
     "sync_free": dict(choices=SYNC_FREE_MODES, help="on: the decode step reads no device value on the host "
                       "(retrieval, draft depth and budget decided from results two steps old, retrieved trees "
                       "re-rooted on the device along the newest committed path; responses carry no per-request "
@@ -274,7 +285,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "algorithm tuning (defaults chosen on the tune split)": (
         "checkpoint_depths", "thresholds", "keep_fractions", "min_retrieval_slots", "placement",
         "retrieval_max_depth", "sam_min_match", "recycle_k", "recycle_widths", "auto_match_threshold",
-        "skip_draft_tokens", "suffix_chain"),
+        "skip_draft_tokens", "suffix_chain", "lagged_depths"),
     "steps a CPU takes (off with sync-free steps, so off on CUDA by default)": ("ragged", "draft_lag"),
     "testing and diagnostics": ("per_step_metrics",),
 }

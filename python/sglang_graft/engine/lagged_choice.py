@@ -50,4 +50,22 @@ def choose_from_depth_rows(by_depth: np.ndarray, bs: int, budgets: Sequence[int]
     return choice
 
 
-__all__ = ["choose_from_depth_rows"]
+def remember_depth_rows(memory: Optional[np.ndarray], by_depth: np.ndarray) -> np.ndarray:
+    """``--speculative-graft-lagged-depths remembered``: ``[1, num_steps, K]`` per depth, the
+    per-request mean row of the newest known step that valued that depth.
+
+    Args:
+        memory: the previous result, or None (nothing known yet).
+        by_depth: ``[bs', num_steps, K]`` the newest known step's rows (NaN: not valued).
+
+    Example: ``num_steps`` 4; an exploring step valued every depth (rows ``e0 .. e3``), then a step
+    of 0 passes valued depth 0 and estimated depth 1 (``p0``, ``p1``): the memory is ``p0, p1, e2,
+    e3``, so the next step may draft 3 levels if ``e3`` pays (``newest`` would allow 1)."""
+    newest = by_depth.mean(axis=0)[None]  # [1, num_steps, K]
+    if memory is None or memory.shape != newest.shape:
+        return newest
+    valued = ~np.isnan(newest[0, :, 0])
+    return np.where(valued[None, :, None], newest, memory)
+
+
+__all__ = ["choose_from_depth_rows", "remember_depth_rows"]

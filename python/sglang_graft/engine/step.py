@@ -35,6 +35,7 @@ import os
 from collections import deque
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from sglang_graft.engine.budget import (
@@ -48,7 +49,7 @@ from sglang_graft.engine.budget import (
 from sglang_graft.config import GraftConfig
 from sglang_graft.graphs import capture_count
 from sglang_graft.engine.lagged import LaggedEntry
-from sglang_graft.engine.lagged_choice import choose_from_depth_rows
+from sglang_graft.engine.lagged_choice import choose_from_depth_rows, remember_depth_rows
 from sglang_graft.engine.plans import PlainPlan, StepPlan, StepStats
 from sglang_graft.engine.ragged import share_budgets
 from sglang_graft.engine.rate_guard import RateGuard
@@ -116,6 +117,8 @@ class GraftStepper(NodeValuation):
         self._may_keep_draft = torch.tensor([k > 0 for k in table], dtype=torch.bool, device=device)
         self._stage_caps = min(table) < self.max_nodes - 1  # False by default: no stage caps the ranking
         self.lagged: Optional[LaggedEntry] = None  # newest decode step whose results are on the host
+        # --speculative-graft-lagged-depths remembered: [1, num_steps, K] each depth's newest valued row
+        self.depth_memory: Optional[np.ndarray] = None
         # (plan, draft levels, verdict): plain_plan's _deeper_pays at depth 0, which keep_drafting reuses
         self._plain_verdict: Optional[tuple] = None
 
@@ -169,6 +172,9 @@ class GraftStepper(NodeValuation):
         for entry in entries:
             if entry.outcome.stage is not None:  # a decode step (a prefill's entry is its sampled token)
                 self.lagged = entry
+                rows = entry.outcome.by_depth
+                if self.cfg.lagged_depths == "remembered" and rows is not None:
+                    self.depth_memory = remember_depth_rows(self.depth_memory, rows)
                 if self.cost_aware and not entry.plain and entry.num_nodes in self.budgets:
                     k = self.budgets.index(entry.num_nodes)
                     self.stats.check(float(entry.outcome.expected[:, k].sum()), int(entry.outcome.lengths.sum()))
@@ -177,7 +183,8 @@ class GraftStepper(NodeValuation):
         """Sync-free: ``(draft passes, budget index, plain)`` of a step of ``bs`` requests over
         ``context`` tokens, from the newest known step's :meth:`depth_rows` against the cost model
         (:func:`~sglang_graft.engine.lagged_choice.choose_from_depth_rows`, a worked example there),
-        a plain step among the options where one is allowed. Exploring steps draft every level
+        a plain step among the options where one is allowed (``--speculative-graft-lagged-depths
+        remembered``: each depth's row from the newest known step that valued it). Exploring steps draft every level
         (refreshing every depth's row) and verify the budget they measure (plain for ``N = 1``
         where allowed); the fixed budget, and a step with nothing known yet, draft every level at
         the largest budget."""
@@ -188,6 +195,8 @@ class GraftStepper(NodeValuation):
         if explore_k is not None:
             return self.num_steps - 1, explore_k, explore_k == 0 and plain_ok
         rows = None if self.lagged is None else self.lagged.outcome.by_depth
+        if rows is not None and self.depth_memory is not None:
+            rows = self.depth_memory
         if rows is None:
             return self.num_steps - 1, last, False
         plain_s = self.cost.step(bs=bs, num_nodes=1, passes=0, plain=True, context=context) if plain_ok else None
