@@ -1,7 +1,8 @@
 """GRAFT with a DFlash block draft, chain-grafted (``sglang_graft.sglang.block_worker``): selected by
 the draft's type (``--speculative-algorithm GRAFT`` with the tiny ``DFlashDraftModel``), token-exact
 against the tiny Llama served without speculation, alone, batched and on edge requests, with
-retrieved tokens accepted on repetitive prompts and the draft's own block on ``DFLASH_RUN_PROMPT``;
+retrieved tokens accepted on repetitive prompts and the draft's own block on ``DFLASH_RUN_PROMPT``
+(with the whole block verified);
 sampled requests (temperature 1, and top-k 2) verified by sampling, also on a CPU, their tokens
 fitting the target's distribution as no speculation's do; the torch op SGLang's chain-sampling verify
 runs with on a CPU, coin for coin against the CUDA kernel's rule; and the prune / graft rule on
@@ -9,9 +10,9 @@ tensors (``sglang_graft.sglang.block_graft``).
 
 The tiny draft's confidences are about 7e-4 at every position (its aimed norm gains lift one token a
 little above a 4096-token vocabulary), so with the default thresholds every block is pruned to the
-root and retrieval fills it (the draft's own tokens stay where retrieval has nothing: the run's first
-blocks); the second server keeps one draft token per block (one checkpoint at depth 0, threshold
-1e-4) and grafts after it (the re-rooted retrieval path)."""
+root and retrieval fills it; the first server verifies the root and the grafted chain only (the CPU default), the second
+keeps one draft token per block (one checkpoint at depth 0, threshold 1e-4), grafts after it (the
+re-rooted retrieval path) and verifies the whole block (``--speculative-graft-ragged off``)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from server_utils import SGLangServer
 from tiny_models import DFLASH_BLOCK, DFLASH_RUN_PROMPT
 
 from sglang_graft.sglang.block_graft import (
-    accepted_provenance, best_chain, depth_thresholds, graft_block, kept_lengths,
+    accepted_provenance, best_chain, cut_after, depth_thresholds, graft_block, kept_lengths, verify_lengths,
 )
 from sglang_graft.tree import RetrievalProposals
 
@@ -59,26 +60,33 @@ def block_server(tiny_models, server_logs):
 
 
 @pytest.mark.server
-def test_token_exact_with_retrieval_and_draft_tokens_accepted(block_server, reference):
+def test_token_exact_with_retrieval_accepted_and_only_the_grafted_rows_verified(block_server, reference):
+    """The CPU default (``--speculative-graft-ragged auto``): each step verifies the root and the
+    grafted chain only (every block is pruned to its root), a step whose retrieval has nothing
+    verifies its root alone."""
     outs = [block_server.generate_ids(p, NEW_TOKENS) for p in PROMPTS]
     assert [o["output_ids"] for o in outs] == reference
     metas = [o["meta_info"] for o in outs]
-    for meta in metas:  # every step verified one block of M draft slots, every block pruned (see above)
-        assert meta["graft_proposed"] == meta["spec_verify_ct"] * M == meta["spec_num_proposed_drafts"], meta
+    for meta in metas:  # every block pruned (see above), at most M slots verified a step
+        # SGLang counts the slots its acceptance saw (the cut positions are -1)
+        assert meta["graft_proposed"] == meta["spec_num_proposed_drafts"] <= meta["spec_verify_ct"] * M, meta
         assert meta["graft_stage_histogram"] == [0, meta["spec_verify_ct"]], meta
         assert meta["graft_draft_accepted"] + meta["graft_retrieved_accepted"] == meta["spec_num_correct_drafts"]
         assert meta["graft_verify"] == "greedy"
     run, random_prompt, *repetitive = metas
-    assert run["graft_draft_accepted"] > 0 and run["spec_accept_length"] > 2, run  # the draft's own block
     assert random_prompt["spec_num_correct_drafts"] == 0, random_prompt
+    assert random_prompt["graft_proposed"] < random_prompt["spec_verify_ct"] * M / 2, random_prompt
     for meta in repetitive:  # the target's loops, proposed by retrieval
         assert meta["graft_retrieved_accepted"] > 0, meta
     info = _graft_info(block_server)
-    assert info["draft"] == "dflash" and info["block"]["block_size"] == DFLASH_BLOCK
-    assert info["block"]["pruned_steps"] == info["block"]["steps"] > 0 and info["block"]["grafted_tokens"] > 0
+    block = info["block"]
+    assert info["draft"] == "dflash" and block["block_size"] == DFLASH_BLOCK
+    assert block["pruned_steps"] == block["steps"] > 0 and block["grafted_tokens"] > 0
+    assert block["verified_rows"] == block["steps"] + sum(m["graft_proposed"] for m in metas)
+    assert block["verified_rows"] < block["steps"] * DFLASH_BLOCK / 2, block
     # the phase clocks: one set per batch step (here one request a step), every phase timed
-    assert 0 < info["block"]["batch_steps"] <= info["block"]["steps"]
-    assert all(info["block"][f"{phase}_s"] > 0 for phase in ("draft", "graft", "verify", "feed")), info["block"]
+    assert 0 < block["batch_steps"] <= block["steps"]
+    assert all(block[f"{phase}_s"] > 0 for phase in ("draft", "graft", "verify", "feed")), block
     assert info["accepted_retrieved_tokens"] >= sum(m["graft_retrieved_accepted"] for m in metas)
     assert info["live_stores"] == 0  # every finished request freed its store
 
@@ -124,22 +132,29 @@ def test_edge_requests(block_server, plain_llama, reference):
 
 
 @pytest.mark.server
-def test_kept_prefix_then_graft(tiny_models, server_logs, reference):
+def test_kept_prefix_then_graft_and_the_whole_block_verified(tiny_models, server_logs, reference):
     """One checkpoint at depth 0, threshold 1e-4: the first draft token of every block is kept
-    (7e-4), the rest grafted after it (retrieval re-rooted along the kept token)."""
-    args = _args(tiny_models, "--speculative-graft-checkpoint-depths", "0", "--speculative-graft-thresholds", "0.0001")
+    (7e-4), the rest grafted after it (retrieval re-rooted along the kept token); with
+    ``--speculative-graft-ragged off`` every row of the block is verified, the draft's own tokens
+    past the chain too, and accepted on the draft's run prompt."""
+    args = _args(tiny_models, "--speculative-graft-checkpoint-depths", "0", "--speculative-graft-thresholds", "0.0001",
+                 "--speculative-graft-ragged", "off")
     with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "graft-dflash-kept.log") as srv:
         outs = [srv.generate_ids(p, NEW_TOKENS) for p in (PROMPTS[0], PROMPTS[3])]
         info = _graft_info(srv)
     assert [o["output_ids"] for o in outs] == [reference[0], reference[3]]
-    assert info["block"]["kept_tokens"] == info["block"]["steps"] > 0, info["block"]
+    block = info["block"]
+    assert block["kept_tokens"] == block["steps"] > 0, block
+    assert block["verified_rows"] == block["steps"] * DFLASH_BLOCK, block
     run = outs[0]["meta_info"]
-    assert run["graft_draft_accepted"] > 0 and run["graft_retrieved_accepted"] > 0, run
+    assert run["graft_proposed"] == run["spec_verify_ct"] * M, run
+    assert run["graft_draft_accepted"] > run["spec_verify_ct"] and run["graft_retrieved_accepted"] > 0, run
+    assert run["spec_accept_length"] > 2, run  # the draft's own block
 
 
 # -- sampled verify: the target's distribution ----------------------------------------------------
 SAMPLED_TOKENS = 4  # token 1 from the prefill, tokens 2-4 from the first verify steps
-SAMPLED_PROMPTS = [DFLASH_RUN_PROMPT, REPETITIVE[0]]  # the draft's own tokens accepted; retrieved ones accepted
+SAMPLED_PROMPTS = [DFLASH_RUN_PROMPT, REPETITIVE[0]]  # little retrieved (short verifies); retrieved ones accepted
 GRAFT_SAMPLES, PLAIN_SAMPLES = 500, 250  # per prompt and case
 MASS_BINS = 10
 
@@ -235,8 +250,9 @@ def test_sampled_tokens_follow_the_target_distribution(block_server, plain_llama
     """Tokens 2-4 of sampled requests, GRAFT over DFlash and no speculation, fit the target's
     distribution given each sample's own prefix (chi-square over the target-mass bins of
     :func:`_mass_bin_counts`, per position; 1,000 GRAFT and 500 plain samples, a 1e-4 threshold).
-    Every step is verified by sampling; under top-k 2 the blocks hold grafted tokens (the run
-    prompt's draft block and the loop's retrieved continuations are accepted)."""
+    Every step is verified by sampling, of its root and grafted chain only (the blocks cut after
+    them); under top-k 2 the blocks hold grafted tokens (the loop's retrieved continuations are
+    accepted)."""
     before = _graft_info(block_server)["block"]
     counts = {"graft": [], "plain": []}
     metas = []
@@ -259,12 +275,12 @@ def test_sampled_tokens_follow_the_target_distribution(block_server, plain_llama
     assert {m["graft_verify"] for m in metas} == {"sampling"}
     log = block_server.tail(10 ** 8)  # neither GRAFT's start-up warning nor SGLang's greedy fallback
     assert "no sampled DFLASH verify" not in log and "falling back to greedy" not in log
+    steps = after["steps"] - before["steps"]
+    assert before["verified_rows"] + steps <= after["verified_rows"] < before["verified_rows"] + steps * DFLASH_BLOCK
     if "top_k" in sampling:  # at temperature 1 the first sampled token rarely recurs in the context, so
         # retrieval seldom has a chain to graft (none at all in some runs): only top-k 2 reliably grafts
         assert after["grafted_tokens"] > before["grafted_tokens"]  # grafted tokens were verified by sampling
-        run, loop = metas[:GRAFT_SAMPLES], metas[GRAFT_SAMPLES:]
-        assert sum(m["graft_draft_accepted"] for m in run) > 0
-        assert sum(m["graft_retrieved_accepted"] for m in loop) > 0
+        assert sum(m["graft_retrieved_accepted"] for m in metas[GRAFT_SAMPLES:]) > 0  # the loop's
 
 
 # -- the rule on tensors (no server) ----------------------------------------------------------------
@@ -308,6 +324,26 @@ def test_graft_fills_the_freed_slots_and_keeps_the_draft_where_retrieval_has_not
     assert from_retrieval.tolist() == [2, 0, 0] and from_draft.tolist() == [2, 1, 7]
     empty = graft_block(draft, kept, chain[:, :0], ok[:, :0])
     assert torch.equal(empty[0], draft) and not empty[1].any()
+
+
+def test_verify_rows_are_the_root_the_kept_prefix_and_the_grafted_chain():
+    """The docstring example of ``verify_lengths``, and SGLang's greedy chain acceptance on a block
+    cut after its verified rows: it stops within them whatever the target chose past them, and the
+    bonus is a verified row's choice."""
+    from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus
+
+    kept = torch.tensor([7, 2, 0])
+    valid = torch.tensor([[False] * 3, [True] * 3, [False] * 3])
+    assert verify_lengths(kept, valid, 7).tolist() == [8, 6, 1]
+    assert verify_lengths(torch.tensor([5]), torch.tensor([[True] * 4]), 7).tolist() == [8]  # chain clipped
+    assert verify_lengths(kept, valid[:, :0], 7).tolist() == [8, 3, 1]
+    block = torch.tensor([[9, 1, 2, 3, 4], [9, 1, 2, 3, 4], [9, 1, 2, 3, 4]])
+    target = torch.tensor([[1, 2, 3, 4, 5]] * 3)  # the target agrees with the whole block
+    lens = torch.tensor([5, 3, 1])
+    cut = cut_after(block, lens)
+    assert cut.tolist() == [[9, 1, 2, 3, 4], [9, 1, 2, -1, -1], [9, -1, -1, -1, -1]]
+    accepted, bonus = compute_dflash_correct_drafts_and_bonus(candidates=cut, target_predict=target)
+    assert accepted.tolist() == [4, 2, 0] and bonus.tolist() == [5, 3, 1]
 
 
 # -- the torch op under SGLang's chain verify (no server) -------------------------------------------
@@ -390,6 +426,36 @@ def test_the_torch_op_verifies_sglangs_chain_as_the_kernel_does(top_k):
             pass
     with block_worker.torch_sampled_verify(False, verifies=True):  # inactive: SGLang's names untouched
         assert dflash_utils.tree_speculative_sampling_target_only is original
+
+
+def test_a_cut_chain_is_verified_as_the_chain_of_its_verified_rows():
+    """A sampled verify of blocks cut after their verified rows (``cut_after``; the op
+    ``block_worker.chain_sampling_verify``) gives, coin for coin, what the kernel's rule gives on
+    each request's chain of its verified rows alone: at most ``L - 1`` draft tokens accepted, the
+    next token sampled from row ``L - 1`` (the full row when every verified token was accepted)."""
+    from sglang.srt.speculative import dflash_utils
+    from sglang_graft.sglang import block_worker
+
+    g = torch.Generator().manual_seed(5)
+    bs, block, vocab = 48, DFLASH_BLOCK, 10
+    candidates = torch.randint(0, vocab, (bs, block), generator=g)
+    nxt = torch.cat([candidates[:, 1:], candidates[:, :1]], dim=1)
+    logits = torch.randn(bs, block, vocab, generator=g).scatter_add_(2, nxt[..., None], torch.full((bs, block, 1), 5.0))
+    logits = logits.reshape(bs * block, vocab)
+    info = SimpleNamespace(temperatures=torch.full((bs, 1), 1.0), top_ks=torch.full((bs,), vocab),
+                           top_ps=torch.ones(bs), need_top_k_sampling=False, need_top_p_sampling=False)
+    coins, final_coins = torch.rand(bs, block, generator=g), torch.rand(bs, generator=g)
+    lens = torch.randint(1, block + 1, (bs,), generator=g)
+    with block_worker.torch_sampled_verify(True, verifies=True):
+        accept_len, bonus = dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus(
+            candidates=cut_after(candidates, lens), next_token_logits=logits.clone(), sampling_info=info,
+            threshold_single=1.0, threshold_acc=1.0, uniform_samples=coins, uniform_samples_for_final_sampling=final_coins)
+    probs = dflash_utils.build_speculative_verify_target_probs(
+        next_token_logits=logits, sampling_info=info, draft_token_num=block, bs=bs)
+    want = [_kernel_chain(candidates[b:b + 1, :n], probs[b:b + 1, :n], coins[b:b + 1, :n], final_coins[b:b + 1])
+            for b, n in enumerate(lens.tolist())]
+    assert accept_len.tolist() == [int(w[0]) for w in want] and bonus.tolist() == [int(w[1]) for w in want]
+    assert (accept_len <= lens - 1).all() and bool((accept_len == lens - 1).any()) and bool((lens < block).any())
 
 
 # -- selection by the draft's type ----------------------------------------------------------------

@@ -15,13 +15,18 @@ confidence checkpoints:
 2. **retrieve** (the worker): the retrieval sources' tree continuing the context plus the kept
    prefix, and its best chain (:func:`best_chain`: the highest-priority child at every level);
 3. **graft** (:func:`graft_block`): the chain goes into the freed slots (the positions after the kept
-   prefix); where the chain ends, or retrieval has nothing, the draft's own tokens stay.
+   prefix); where the chain ends, or retrieval has nothing, the draft's own tokens stay;
+4. **verify rows** (:func:`verify_lengths`, where a left-out row saves its cost: a CPU target): the
+   target verifies the root, the kept prefix and the grafted chain only, ``1 + kept + chain`` rows;
+   the pruned draft tokens past the chain are not verified (a block kept whole is verified whole; one
+   pruned to the root with nothing retrieved is a plain decode step).
 
 Worked example (``M = 7``, one checkpoint at depth 0 with threshold 0.5)::
 
     draft      [a, b, c, d, e, f, g]       p = [0.9, 0.8, 0.6, ...]  c = [0.9, 0.72, 0.43, ...]
     kept = 2 (c_2 = 0.43 < 0.5)            chain after "root a b" = [x, y, z] (3 tokens)
     grafted    [a, b, x, y, z, f, g]       retrieved [F, F, T, T, T, F, F]
+    verify rows 1 + 2 + 3 = 6              the root, a, b, x, y, z (f and g left out)
 
 The target verifies the grafted block as a causal chain with SGLang's unchanged acceptance rule
 (the longest prefix where every token is the target's own choice), so the output is what the target
@@ -39,7 +44,8 @@ import torch
 
 from sglang_graft.tree import RetrievalProposals
 
-__all__ = ["depth_thresholds", "kept_lengths", "best_chain", "graft_block", "accepted_provenance"]
+__all__ = ["depth_thresholds", "kept_lengths", "best_chain", "graft_block", "verify_lengths", "cut_after",
+           "accepted_provenance"]
 
 
 def depth_thresholds(checkpoint_depths: Sequence[int], thresholds: Sequence[float], num_positions: int) -> torch.Tensor:
@@ -121,6 +127,26 @@ def graft_block(draft: torch.Tensor, kept: torch.Tensor, chain: torch.Tensor,
     source = chain.to(draft.dtype).gather(1, index)
     tokens = torch.where(use, source, draft)
     return tokens, use & (source != draft)
+
+
+def verify_lengths(kept: torch.Tensor, chain_valid: torch.Tensor, m: int) -> torch.Tensor:
+    """Rows of each request's block the target verifies, the root included: ``kept [bs]`` kept
+    draft tokens, ``chain_valid [bs, L]`` (a prefix per row, :func:`best_chain`), ``m`` draft slots
+    -> ``[bs] int64`` in ``[1, m + 1]``, ``1 + kept + min(chain, m - kept)``.
+
+    Example: ``m = 7``, kept ``[7, 2, 0]``, chains of ``[0, 3, 0]`` tokens -> ``[8, 6, 1]``."""
+    chain = chain_valid.to(torch.int64).sum(dim=1) if chain_valid.shape[1] else torch.zeros_like(kept)
+    kept = kept.to(torch.int64)
+    return 1 + kept + torch.minimum(chain.to(kept.device), m - kept)
+
+
+def cut_after(candidates: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``candidates [bs, B]`` (column 0 the root) with every position at or past ``lengths [bs]``
+    set to -1, a token no target choice equals: the chain acceptance (``candidates[:, j] ==
+    target[:, j - 1]`` while it holds) then stops within the verified rows, and the bonus token is a
+    verified row's. Example: ``[[r, a, b, c]]``, length 2 -> ``[[r, a, -1, -1]]``."""
+    cols = torch.arange(candidates.shape[1], device=candidates.device)[None, :]
+    return torch.where(cols >= lengths.to(candidates.device)[:, None], -1, candidates)
 
 
 def accepted_provenance(retrieved: torch.Tensor, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,6 +35,14 @@ torch top-k / top-p renormalisation (its fallback where no renorm kernel exists)
 sampled DFLASH verify (an NPU, where SGLang turns it off) verify sampled requests greedily, as
 SGLang's DFLASH does there, with a warning at start and ``graft_verify: greedy``.
 
+Verify rows (``--speculative-graft-ragged``, ``auto``: on with a CPU target): the target verifies
+each request's root, kept prefix and grafted chain only (:func:`block_graft.verify_lengths`); the
+step declares those leading rows on SGLang's verify input (``active_rows``), the CPU port runs the
+verify forward on them alone, and the acceptance sees every later position as ``-1``
+(:func:`block_graft.cut_after`; in the sampled verify the chain ends there), so it stops within the
+verified rows. A block pruned to its root with nothing retrieved is then a plain decode step. On
+other devices every row of the block is verified (SGLang's DFLASH verify has no per-request length).
+
 Host reads: each decode step reads the kept lengths (to query retrieval), and the committed tokens
 (to feed the stores), as the EAGLE-3 worker does with ``--speculative-graft-sync-free off``; the
 overlap scheduler is off in this mode. Not done: the tree mode, tensor parallelism (the confidence
@@ -54,7 +62,10 @@ import torch
 
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.sglang import sampling, seams
-from sglang_graft.sglang.block_graft import accepted_provenance, best_chain, depth_thresholds, graft_block, kept_lengths
+from sglang_graft.config import flag_name
+from sglang_graft.sglang.block_graft import (
+    accepted_provenance, best_chain, cut_after, depth_thresholds, graft_block, kept_lengths, verify_lengths,
+)
 from sglang_graft.sglang.launch_config import config_of
 
 logger = logging.getLogger(__name__)
@@ -75,6 +86,8 @@ class BlockStep:
         kept: ``[bs] int64`` draft tokens kept (:func:`block_graft.kept_lengths`).
         block: ``[bs, M] int64`` the draft slots the target verifies.
         retrieved: ``[bs, M] bool`` slots where a retrieved token replaced the draft's.
+        verify_lens: ``[bs] int64`` rows of each block verified, the root included
+            (:func:`block_graft.verify_lengths`), or None: every row.
         started, picked, grafted: host clock at the step's start, the block's greedy pick and the
             grafted block's return (:class:`BlockCounters`' phases).
     """
@@ -87,6 +100,7 @@ class BlockStep:
     picked: float = 0.0
     grafted: float = 0.0
     retrieved: Optional[torch.Tensor] = None
+    verify_lens: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -97,6 +111,7 @@ class BlockCounters:
     pruned_steps: int = 0  # ... whose block was cut before its end
     kept_tokens: int = 0  # draft tokens kept
     grafted_tokens: int = 0  # slots where a retrieved token replaced the draft's
+    verified_rows: int = 0  # block rows the target verified, roots included (block size x steps: every row)
     # host seconds of the decode batch-steps by phase (on a CPU the work itself; on CUDA its launches):
     # draft = the step's start to the block's greedy pick (SGLang's draft forward), graft = the pick,
     # pruning and retrieval, verify = from there to SGLang's step end (target verify, acceptance),
@@ -151,6 +166,21 @@ def _all_greedy(batch) -> bool:
     return info is None or bool(info.is_all_greedy)
 
 
+def chain_sampling_verify(**kwargs) -> None:
+    """:func:`sampling.cpu_sampling_verify` for a chain whose positions past a request's verified
+    rows are ``-1`` (:func:`block_graft.cut_after`): the chain ends before them (their node's
+    ``retrive_next_token`` is -1, on a copy of SGLang's buffer), so a request accepts at most its
+    verified draft tokens and samples its next token from its last verified row."""
+    candidates = kwargs["candidates"]
+    cut = candidates < 0
+    if bool(cut.any()):
+        ends = torch.zeros_like(cut)
+        ends[:, :-1] = cut[:, 1:]
+        kwargs["retrive_next_token"] = torch.where(ends, -1, kwargs["retrive_next_token"])
+        kwargs["candidates"] = candidates.clamp(min=0)
+    sampling.cpu_sampling_verify(**kwargs)
+
+
 def torch_sampled_verify(active: bool, *, verifies: bool) -> contextlib.AbstractContextManager:
     """For one step of the block mode on a CPU (``active``: a batch with sampled requests), SGLang's
     DFLASH takes its sampled verify instead of its greedy fallback: its step's availability test
@@ -170,8 +200,7 @@ def torch_sampled_verify(active: bool, *, verifies: bool) -> contextlib.Abstract
     if active:
         stack.enter_context(seams.swapped(seams.DFLASH_STEP_SAMPLING_VERIFY, lambda: True))
         stack.enter_context(seams.swapped(seams.DFLASH_SAMPLING_AVAILABLE, True))
-        stack.enter_context(seams.swapped(seams.DFLASH_TREE_SAMPLING, sampling.cpu_sampling_verify,
-                                          required=verifies))
+        stack.enter_context(seams.swapped(seams.DFLASH_TREE_SAMPLING, chain_sampling_verify, required=verifies))
     return stack
 
 
@@ -215,14 +244,15 @@ class GraftDFlashWorker(DFlashWorkerV2):
             and bool(seams.IS_CPU.resolve()())
         self.sampling_verify = sglang_sampling or self.torch_sampling_verify
         self._step: Optional[BlockStep] = None
+        self.verify_rows = _verify_rows(self.graft_cfg, self.device)
         if not self.sampling_verify:
             logger.warning("GRAFT block mode: SGLang has no sampled DFLASH verify on this device; sampled requests "
                            "are verified greedily, as SGLang's DFLASH does here (their distribution is not preserved; "
                            "responses say graft_verify: greedy)")
         _WORKERS.append(self)
-        logger.info("GRAFT block worker (DFlash draft): block %d, thresholds by depth %s, sampled verify %s, %s",
-                    self.block_size, [round(t, 4) for t in self.thresholds.tolist()], self.sampling_verify,
-                    self.graft_cfg)
+        logger.info("GRAFT block worker (DFlash draft): block %d, thresholds by depth %s, sampled verify %s, "
+                    "verify rows by request %s, %s", self.block_size, [round(t, 4) for t in self.thresholds.tolist()],
+                    self.sampling_verify, self.verify_rows, self.graft_cfg)
 
     def _maybe_build_draft_sampler(self):
         """No draft-graph sampler: the block's greedy tokens are picked eagerly, where GRAFT reads
@@ -249,12 +279,15 @@ class GraftDFlashWorker(DFlashWorkerV2):
             roots = bonus[torch.tensor(rows, device=bonus.device)].tolist()
             self.retrieval.add_roots([rids[i] for i in rows], roots)
         self._step = BlockStep(rids=rids, bonus=bonus, started=time.perf_counter())
+        verify_input = seams.DFLASH_VERIFY_INPUT.resolve()
         try:
             with torch_sampled_verify(sampled, verifies=True):
                 result = super().forward_batch_generation(batch, *args, **kwargs)
             step = self._step
         finally:
             self._step = None
+            if "active_rows" in verify_input.__dict__:  # declared by this step's _graft
+                del verify_input.active_rows
         if step.block is None:
             raise seams.DFLASH_WORKER.error("the step did not pick its draft tokens through "
                                             "_greedy_sample_from_vocab_parallel_head; nothing was grafted")
@@ -303,6 +336,21 @@ class GraftDFlashWorker(DFlashWorkerV2):
         proposals, _ = self.retrieval.propose_scored(step.rids, anchor, scopes, pending=(draft, kept))
         chain, valid = best_chain(proposals, m)
         step.block, step.retrieved = graft_block(draft, kept, chain, valid)
+        if self.verify_rows:
+            lens = verify_lengths(kept, valid, m)
+            lens_host = lens.tolist()  # host read: the rows the CPU port runs
+            if min(lens_host) <= m:
+                step.verify_lens = lens
+                # every DFlashVerifyInput of this step (its one verify) declares them; removed at the step's end
+                seams.DFLASH_VERIFY_INPUT.resolve().active_rows = lens_host
+
+    def _accept_block(self, *, candidates, **kwargs):
+        """SGLang's acceptance of the verified block, with each request's positions past its verified
+        rows set to -1 (:func:`block_graft.cut_after`); everything else SGLang's."""
+        step = self._step
+        if step is not None and step.verify_lens is not None:
+            candidates = cut_after(candidates, step.verify_lens)
+        return super()._accept_block(candidates=candidates, **kwargs)
 
     def _feed(self, batch, step: BlockStep, result) -> None:
         """Committed tokens -> stores, the verified block's logits -> recycling matrix, provenance
@@ -315,8 +363,9 @@ class GraftDFlashWorker(DFlashWorkerV2):
         logits = result.logits_output.next_token_logits if result.logits_output is not None else None
         if logits is not None:
             verified = torch.cat([step.bonus[:, None], step.block.to(torch.int64)], dim=1)
-            self.retrieval.learn(verified, torch.ones_like(verified, dtype=torch.bool), logits,
-                                 self.retrieval.scope_index(step.rids))
+            read = torch.ones_like(verified, dtype=torch.bool) if step.verify_lens is None else \
+                torch.arange(m + 1, device=verified.device)[None, :] < step.verify_lens[:, None]
+            self.retrieval.learn(verified, read, logits, self.retrieval.scope_index(step.rids))
         from_retrieval, from_draft = accepted_provenance(step.retrieved, commit_lens - 1)
         stages = (step.kept < m).to(torch.int64)
         retrieved, drafted, stage = from_retrieval.tolist(), from_draft.tolist(), stages.tolist()
@@ -326,13 +375,26 @@ class GraftDFlashWorker(DFlashWorkerV2):
         c.pruned_steps += sum(stage)
         c.kept_tokens += int(step.kept.sum())
         c.grafted_tokens += int(step.retrieved.sum())
+        proposed = [m] * bs if step.verify_lens is None else (step.verify_lens - 1).tolist()
+        c.verified_rows += bs + sum(proposed)
         verify = "sampling" if self.sampling_verify and not batch.sampling_info.is_all_greedy else "greedy"
         self.retrieval.counters.sampling_verify_steps += verify == "sampling"
         lo = result.logits_output
         if lo is not None:
             lo.customized_info = {**(lo.customized_info or {}), "graft_stage": stage,
                                   "graft_retrieved_accepted": retrieved, "graft_draft_accepted": drafted,
-                                  "graft_proposed": [m] * bs, "graft_verify": [verify] * bs}
+                                  "graft_proposed": proposed, "graft_verify": [verify] * bs}
+
+
+def _verify_rows(cfg, device) -> bool:
+    """Whether the block mode verifies each request's verified rows only (``--speculative-graft-ragged``;
+    ``auto``: on a CPU target, where the CPU port leaves the other rows out of the forward). ``on``
+    elsewhere is refused: SGLang's DFLASH verify there runs every row of the block."""
+    on = cfg.resolved_ragged(device, sync_free=False)
+    if on and torch.device(device).type != "cpu":
+        raise ValueError(f"{flag_name('ragged')} on: the DFlash block mode leaves block rows out of the verify "
+                         f"through the CPU port only; this target runs on {device} (use auto or off)")
+    return on
 
 
 seams.check_overrides(GraftDFlashWorker, seams.DFLASH_WORKER, seams.DFLASH_WORKER_OVERRIDES)

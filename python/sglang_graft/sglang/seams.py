@@ -102,6 +102,9 @@ HOOK_TYPE = Seam("sglang.srt.plugins.hook_registry.HookType", "wrap SGLang funct
 DFLASH_WORKER = Seam(f"{_SW}.dflash_worker_v2.DFlashWorkerV2",
                      "run GRAFT with a DFlash block draft (subclassed: the block pruned by its confidences, "
                      "retrieved chains grafted into the freed positions)")
+DFLASH_VERIFY_INPUT = Seam(f"{_SW}.dflash_info.DFlashVerifyInput",
+                           "declare, for one step of the DFlash block mode on a CPU, the leading rows of each "
+                           "request's block that its verify reads (active_rows, which the CPU port runs alone)")
 DFLASH_ARGS = Seam("sglang.srt.arg_groups.speculative_hook._handle_dflash",
                    "resolve a DFlash draft's server args under GRAFT as SGLang resolves DFLASH's (block size, "
                    "one step of topk 1, the draft attention backend)")
@@ -316,7 +319,7 @@ DRAFT_EXTEND_FOR_PREFILL = Seam(f"{_SW}.eagle_worker_v2.EagleDraftWorker._draft_
                                 "extend over several positions per request, as a prefill chunk)")
 FORWARD_MODE = Seam("sglang.srt.model_executor.forward_batch_info.ForwardMode", "run the catch-up as an extend")
 DFLASH_WORKER_OVERRIDES = ("forward_batch_generation", "_greedy_sample_from_vocab_parallel_head",
-                           "_maybe_build_draft_sampler")
+                           "_maybe_build_draft_sampler", "_accept_block")
 DRAFT_WORKER_OVERRIDES = ("draft", "_capture_cuda_graphs", "_draft_extend_for_decode", "_rebuild_topk1_chain_buffers")
 
 # -- attributes -------------------------------------------------------------------------------------
