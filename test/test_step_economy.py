@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_graft.engine.budget import (AcceptanceCalibration, StepCost, choose_budget, expected_tokens,
-                                        fit_context_slope, path_values)
+                                        context_slope_cap, fit_context_slope, path_values)
 from sglang_graft.config import GraftConfig
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.plans import PlainPlan
@@ -178,6 +178,25 @@ def test_verify_cost_prices_context():
                     context=context)
     off.publish()
     assert off.context_slope(1) == 0.0 and off.verify_at(1, 1, context=10 ** 6) == pytest.approx(0.05 + 2e-5 * 1000)
+
+
+def test_the_context_term_never_exceeds_the_measured_step():
+    """The docstring example of ``context_slope_cap``: long contexts in a narrow range (4.5-5.5K
+    tokens), 16-node verifies slower on the longer prompt, 1-node ones not: the pairs fit a slope
+    whose context term alone would be several times a verify; the cap keeps it within the 1-node
+    steps' time, and every published prediction stays near what was measured."""
+    assert context_slope_cap([np.array([[0.128, 4700.0]]), np.array([[0.25, 5000.0]])]) == pytest.approx(0.9 * 0.128 / 4700)
+    assert context_slope_cap([np.array([[0.1, 0.0]])]) == float("inf")  # no context: no cap
+    c = StepCost(budgets=(1, 16), context_term=True)
+    for context, sixteen in ((4600, 0.22), (5300, 0.29), (4650, 0.22), (5350, 0.29), (4700, 0.22), (5400, 0.29)):
+        c.observe(bs=1, num_nodes=1, verify_s=0.13, passes=0, draft_s=0.0, fixed_s=0.0, context=context)
+        c.observe(bs=1, num_nodes=16, verify_s=sixteen, passes=0, draft_s=0.0, fixed_s=0.0, context=context)
+    uncapped = fit_context_slope([np.array([[0.22, 4600], [0.29, 5300], [0.22, 4650], [0.29, 5350]])], 256)
+    assert uncapped * 5000 > 0.4  # the fit alone: a 0.5 s context term
+    c.publish()
+    assert c.context_slope(1) == pytest.approx(0.9 * 0.13 / 5000, rel=0.01)
+    assert c.verify_at(1, 1, context=5000) == pytest.approx(0.13, rel=0.05)
+    assert c.verify_at(1, 16, context=5000) == pytest.approx(0.255, rel=0.1)
 
 
 def test_close_contexts_do_not_inform_the_slope():

@@ -84,6 +84,24 @@ def fit_context_slope(groups: Sequence[np.ndarray], min_span: float = 0.0) -> Op
     return max(0.0, float(np.median(slope)))
 
 
+BASE_FLOOR = 0.1  # a shape's base seconds never fall below this share of its measured median
+
+
+def context_slope_cap(groups: Sequence[np.ndarray]) -> float:
+    """The largest context slope the observations allow: a shape's context term cannot exceed what
+    its steps took less their base (at least :data:`BASE_FLOOR` of it), so ``slope <= (1 -
+    BASE_FLOOR) * median seconds / median context`` for every group of ``[n, 2]`` (seconds, context)
+    observations of one shape (inf where no group has context).
+
+    Example: at 4.5-5.5K tokens of context (SmolLM2-135M, one CPU request) 1-node verifies took
+    0.13 s while 16-node ones rose from 0.22 to 0.27 s across the prompts: pairs across prompts
+    fitted 1.8e-4 s a token, a 0.9 s context term at 4.9K tokens, 4-7 times the whole verify; the
+    1-node group caps it at 0.9 * 0.128 / 4700 = 2.5e-5 s (the short-context fit was 2.4e-5)."""
+    caps = [(1 - BASE_FLOOR) * float(np.median(g[:, 0]) / np.median(g[:, 1]))
+            for g in groups if len(g) and np.median(g[:, 1]) > 0]
+    return min(caps) if caps else float("inf")
+
+
 class StepCost:
     """Predicted seconds of a step's phases, learned online.
 
@@ -96,8 +114,10 @@ class StepCost:
     its batch shape plus ``slope(bs) * context``, ``context`` the batch's tokens of context in all.
     The slope is fitted per batch-size bucket within batch shapes (:func:`fit_context_slope`, over
     the newest :data:`SLOPE_WINDOW` observations of each shape, pairs at least :data:`MIN_SPAN`
-    tokens apart); a bucket without one takes the nearest bucket's. The tables hold base seconds
-    (seconds less the context term, never below a tenth of the measured median). On a CPU a
+    tokens apart), at most what a shape's steps took in all (:func:`context_slope_cap`: over a
+    narrow range of long contexts, pairs across prompts fitted a slope whose context term alone was
+    several times the verify); a bucket without one takes the nearest bucket's. The tables hold base seconds
+    (seconds less the context term, never below :data:`BASE_FLOOR` of the measured median). On a CPU a
     3.2K-token context added about as much to a 1-node verify as to a 16-node one (0.08 -> 0.15 s
     and 0.25 -> 0.32 s, SmolLM2-135M), so the term is per context token, not per verified node and
     context token; replayed over served steps it predicts a step's verify time better than the
@@ -163,10 +183,10 @@ class StepCost:
             return out
         cells = self._cells_live
         for b in range(self.BUCKETS):
-            slope = fit_context_slope([cells.get((b, k))[:, :2] for k in range(len(self.budgets))
-                                       if cells.count[b, k]], self.MIN_SPAN)
+            groups = [cells.get((b, k))[:, :2] for k in range(len(self.budgets)) if cells.count[b, k]]
+            slope = fit_context_slope(groups, self.MIN_SPAN)
             if slope is not None:
-                out[:, b] = slope, 1.0
+                out[:, b] = min(slope, context_slope_cap(groups)), 1.0
         return out
 
     @staticmethod
@@ -177,7 +197,7 @@ class StepCost:
         """Median base seconds of ``[n, 3]`` (seconds, context, bs) observations."""
         slope = np.array([self._nearest_of(slopes, self.bucket(int(bs))) or 0.0 for bs in obs[:, 2]])
         median = float(np.median(obs[:, 0]))
-        return max(float(np.median(obs[:, 0] - slope * obs[:, 1])), 0.1 * median)
+        return max(float(np.median(obs[:, 0] - slope * obs[:, 1])), BASE_FLOOR * median)
 
     def publish(self, all_reduce_sum=None) -> None:
         """Make the rings' medians the tables predictions read; with ``all_reduce_sum`` (a
