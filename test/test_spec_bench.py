@@ -359,9 +359,11 @@ def test_block_summary_is_the_runs_difference_per_step():
               "batch_steps": 10, "draft_s": 1.0, "graft_s": 0.1, "verify_s": 2.0, "feed_s": 0.05}
     after = {"block_size": 8, "steps": 30, "pruned_steps": 14, "kept_tokens": 70, "grafted_tokens": 25,
              "batch_steps": 20, "draft_s": 1.2, "graft_s": 0.15, "verify_s": 3.0, "feed_s": 0.06}
-    b = spec_bench.block_summary(before, after)
+    b = spec_bench.block_summary(before, after)  # a server without the rows counter: every row verified
     assert b["request_steps"] == 20 and b["pruned_share"] == 0.5
-    assert b["kept_per_step"] == 2.0 and b["grafted_per_step"] == 1.0
+    assert b["kept_per_step"] == 2.0 and b["grafted_per_step"] == 1.0 and b["verified_rows_per_step"] == 8.0
     assert b["phase_ms_per_step"] == pytest.approx({"draft": 20.0, "graft": 5.0, "verify": 100.0, "feed": 1.0})
-    assert "| GRAFT-DFlash | 8 | 50% | 2.00 | 1.00 | 20.0 | 5.0 | 100.0 | 1.0 |" in spec_bench.render_block(
+    assert "| GRAFT-DFlash | 8 | 50% | 2.00 | 1.00 | 8.00 | 20.0 | 5.0 | 100.0 | 1.0 |" in spec_bench.render_block(
         {"GRAFT-DFlash": b})
+    cut = spec_bench.block_summary({**before, "verified_rows": 80}, {**after, "verified_rows": 150})
+    assert cut["verified_rows_per_step"] == 3.5

@@ -267,7 +267,8 @@ _FLAGS: dict[str, dict[str, Any]] = {
                    "slots a request does not use are padding whose rows the CPU port leaves out of the verify "
                    "forward. off: every request gets N slots. auto: on with a CPU target. Not with sync-free steps. "
                    "With a DFlash block draft: on verifies each request's root, kept prefix and grafted chain only "
-                   "(the pruned draft tokens past the chain are left out; a CPU target only), off the whole block."),
+                   "(the pruned draft tokens past the chain are left out; a CPU target only), auto the same in "
+                   "batches of two or more requests on a CPU, off the whole block."),
     "per_step_metrics": dict(action=argparse.BooleanOptionalAction, help="Report GRAFT's counts per verify step "
                              "in each response's meta_info (per-step acceptance patterns can fingerprint content); "
                              "by default responses carry per-request totals."),

@@ -35,8 +35,9 @@ torch top-k / top-p renormalisation (its fallback where no renorm kernel exists)
 sampled DFLASH verify (an NPU, where SGLang turns it off) verify sampled requests greedily, as
 SGLang's DFLASH does there, with a warning at start and ``graft_verify: greedy``.
 
-Verify rows (``--speculative-graft-ragged``, ``auto``: on with a CPU target): the target verifies
-each request's root, kept prefix and grafted chain only (:func:`block_graft.verify_lengths`); the
+Verify rows (``--speculative-graft-ragged``, ``auto``: with a CPU target, in batches of two or more
+requests): the target verifies each request's root, kept prefix and grafted chain only
+(:func:`block_graft.verify_lengths`); the
 step declares those leading rows on SGLang's verify input (``active_rows``), the CPU port runs the
 verify forward on them alone, and the acceptance sees every later position as ``-1``
 (:func:`block_graft.cut_after`; in the sampled verify the chain ends there), so it stops within the
@@ -244,15 +245,16 @@ class GraftDFlashWorker(DFlashWorkerV2):
             and bool(seams.IS_CPU.resolve()())
         self.sampling_verify = sglang_sampling or self.torch_sampling_verify
         self._step: Optional[BlockStep] = None
-        self.verify_rows = _verify_rows(self.graft_cfg, self.device)
+        self.verify_rows_from = _verify_rows_from(self.graft_cfg, self.device)
         if not self.sampling_verify:
             logger.warning("GRAFT block mode: SGLang has no sampled DFLASH verify on this device; sampled requests "
                            "are verified greedily, as SGLang's DFLASH does here (their distribution is not preserved; "
                            "responses say graft_verify: greedy)")
         _WORKERS.append(self)
         logger.info("GRAFT block worker (DFlash draft): block %d, thresholds by depth %s, sampled verify %s, "
-                    "verify rows by request %s, %s", self.block_size, [round(t, 4) for t in self.thresholds.tolist()],
-                    self.sampling_verify, self.verify_rows, self.graft_cfg)
+                    "blocks cut after their chains from batch size %s, %s", self.block_size,
+                    [round(t, 4) for t in self.thresholds.tolist()], self.sampling_verify, self.verify_rows_from,
+                    self.graft_cfg)
 
     def _maybe_build_draft_sampler(self):
         """No draft-graph sampler: the block's greedy tokens are picked eagerly, where GRAFT reads
@@ -336,7 +338,7 @@ class GraftDFlashWorker(DFlashWorkerV2):
         proposals, _ = self.retrieval.propose_scored(step.rids, anchor, scopes, pending=(draft, kept))
         chain, valid = best_chain(proposals, m)
         step.block, step.retrieved = graft_block(draft, kept, chain, valid)
-        if self.verify_rows:
+        if self.verify_rows_from is not None and len(step.rids) >= self.verify_rows_from:
             lens = verify_lengths(kept, valid, m)
             lens_host = lens.tolist()  # host read: the rows the CPU port runs
             if min(lens_host) <= m:
@@ -386,15 +388,19 @@ class GraftDFlashWorker(DFlashWorkerV2):
                                   "graft_proposed": proposed, "graft_verify": [verify] * bs}
 
 
-def _verify_rows(cfg, device) -> bool:
-    """Whether the block mode verifies each request's verified rows only (``--speculative-graft-ragged``;
-    ``auto``: on a CPU target, where the CPU port leaves the other rows out of the forward). ``on``
-    elsewhere is refused: SGLang's DFLASH verify there runs every row of the block."""
-    on = cfg.resolved_ragged(device, sync_free=False)
-    if on and torch.device(device).type != "cpu":
+def _verify_rows_from(cfg, device) -> Optional[int]:
+    """The smallest batch whose blocks the block mode verifies up to their grafted chains only
+    (``--speculative-graft-ragged``), or None (every row, always): ``on`` every batch; ``auto`` on a
+    CPU target, where the CPU port leaves the other rows out of the forward, batches of two or more
+    requests (at batch 1 on the tune split the rows left out saved no verify time and cost 0.08
+    tokens a step: 1.05x against 1.10x no speculation); ``off`` never. ``on`` elsewhere is refused:
+    SGLang's DFLASH verify there runs every row of the block."""
+    if not cfg.resolved_ragged(device, sync_free=False):
+        return None
+    if torch.device(device).type != "cpu":
         raise ValueError(f"{flag_name('ragged')} on: the DFlash block mode leaves block rows out of the verify "
                          f"through the CPU port only; this target runs on {device} (use auto or off)")
-    return on
+    return 1 if cfg.ragged == "on" else 2
 
 
 seams.check_overrides(GraftDFlashWorker, seams.DFLASH_WORKER, seams.DFLASH_WORKER_OVERRIDES)
