@@ -334,6 +334,66 @@ def test_graft_fills_the_freed_slots_and_keeps_the_draft_where_retrieval_has_not
     assert torch.equal(empty[0], draft) and not empty[1].any()
 
 
+class _TwoRanks:
+    """Rank ``rank`` of a two-rank group whose ``all_gather_into_tensor`` exchanges through threads,
+    as SGLang's tensor-parallel group does through its ranks' processes."""
+
+    world_size = 2
+
+    def __init__(self, rank: int, slots: list, barrier) -> None:
+        self.rank, self.slots, self.barrier = rank, slots, barrier
+
+    def all_gather_into_tensor(self, out: torch.Tensor, local: torch.Tensor) -> None:
+        self.slots[self.rank] = local.clone()
+        self.barrier.wait()
+        out.copy_(torch.cat(self.slots))
+        self.barrier.wait()  # both ranks have read before either writes its next tensor
+
+
+def test_block_confidences_are_the_whole_vocabularys_on_every_tensor_parallel_rank():
+    """The block's greedy tokens and confidences at TP 2, each rank holding half of a padded lm_head
+    (the padding rows' logits the largest, so a shard's padding must stay out): both ranks return the
+    whole vocabulary's greedy token and softmax probability, bit-equal across the ranks, over more
+    rows than one of SGLang's chunks; a tie across the shards goes to the first rank's token, as
+    SGLang's DFLASH head picks it."""
+    import threading
+
+    from sglang_graft.sglang.block_worker import greedy_with_confidence
+
+    g = torch.Generator().manual_seed(0)
+    vocab, half, padded, hidden, rows = 1000, 500, 512, 16, 300
+    weight = torch.randn(vocab, hidden, generator=g)
+    weight[10] = weight[half + 10] = 10 * weight[10] / weight[10].norm()  # tokens 10 (rank 0) and 510 (rank 1)
+    states = torch.randn(rows, hidden, generator=g)
+    states[0] = weight[10] / 2  # ... tie at row 0's largest logit (50; any other is at most 5 |w|)
+    whole = states @ weight.T
+    probs = torch.softmax(whole, dim=-1)
+    heads = []
+    for rank in range(2):
+        shard = torch.cat([weight[rank * half:(rank + 1) * half], torch.full((padded - half, hidden), 100.0)])
+        heads.append(SimpleNamespace(weight=shard, shard_indices=SimpleNamespace(
+            num_org_elements=half, num_org_elements_padded=padded, org_vocab_start_index=rank * half,
+            num_added_elements=0)))
+    slots, barrier, out = [None, None], threading.Barrier(2), [None, None]
+
+    def run(rank):
+        out[rank] = greedy_with_confidence(states, heads[rank], 256, _TwoRanks(rank, slots, barrier))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    (tokens0, conf0), (tokens1, conf1) = out
+    assert torch.equal(tokens0, tokens1) and torch.equal(conf0, conf1)
+    assert tokens0.tolist() == whole.argmax(dim=-1).tolist() and int(tokens0[0]) == 10
+    torch.testing.assert_close(conf0, probs.max(dim=-1).values, rtol=1e-5, atol=1e-7)
+    # one rank holding the whole head (no shard): the same tokens and confidences
+    alone = greedy_with_confidence(states, SimpleNamespace(weight=weight), 256)
+    assert torch.equal(alone[0], tokens0)
+    torch.testing.assert_close(alone[1], conf0, rtol=1e-5, atol=1e-7)
+
+
 def test_verify_rows_are_the_root_the_kept_prefix_and_the_grafted_chain():
     """The docstring example of ``verify_lengths``, and SGLang's greedy chain acceptance on a block
     cut after its verified rows: it stops within them whatever the target chose past them, and the

@@ -2,12 +2,12 @@
 (``Qwen3MoeForCausalLM`` shaped like Qwen3-235B-A22B: every layer sparse, no shared expert,
 renormalised top-4 of 16 experts) with its random EAGLE-3 head, float32.
 
-Five servers: plain and GRAFT at TP 1; plain and GRAFT at TP 2 (two CPU ranks, gloo) with
+Six servers: plain and GRAFT at TP 1; plain and GRAFT at TP 2 (two CPU ranks, gloo) with
 ``--speculative-graft-tp-check 1`` (every verify tree's hash compared across the ranks), which also
 serves the sampling cases; and GRAFT at TP 2 with ``--ep-size 2`` (each rank holds 8 of the 16
 experts, the CPU shim drops the other rank's) and the fixed budget (a draft pass per level every
 step), token-exact first, then a drift injected into rank 1's verify tree, which must stop both
-ranks with the tree-check error."""
+ranks with the tree-check error; and GRAFT over a random DFlash block draft at TP 2."""
 
 from __future__ import annotations
 
@@ -121,6 +121,36 @@ def test_graft_moe_tp2_tree_check_and_sampling(tiny_models, server_logs, ids, tp
     assert graft["sampling_verify_steps"] > 0
     # every tree, sampling included
     assert graft["tp_checks"] == graft["economy"]["steps"] - graft["economy"]["plain_steps"] > alone["tp_checks"]
+    assert "Traceback" not in log and DRIFT_ERROR not in log
+
+
+def test_graft_dflash_block_draft_tp2(tiny_models, server_logs, ids, tp2_reference):
+    """GRAFT over a DFlash block draft at TP 2: each rank reads its vocabulary shard's maximum and
+    log-sum-exp for the block's confidences and the ranks gather them, so both prune the block at the
+    same place and graft the same chains. Greedy token-exact against the plain TP 2 server, alone
+    and batched (blocks cut after their chains), every verified block's hash compared across the
+    ranks; point-mass sampling (``top_p`` 1e-6) commits exactly the greedy tokens."""
+    args = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["qwen3-moe-dflash"]),
+            "--speculative-graft-tp-check", "1", *TP2]
+    with SGLangServer(tiny_models["qwen3-moe"], args, log_path=server_logs / "moe-tp2-graft-dflash.log",
+                      env=TP2_ENV) as srv:
+        outs = _sequential(srv, ids)
+        alone = _graft_info(srv)
+        together = _concurrent(srv, ids)
+        point_mass = _sequential(srv, ids[:3], temperature=1.0, top_p=1e-6)
+        graft = _graft_info(srv)
+        log = srv.tail(10 ** 8)
+    assert outs == tp2_reference
+    assert together == tp2_reference
+    assert point_mass == tp2_reference[:3]
+    assert graft["draft"] == "dflash" and graft["sampling_verify_steps"] > 0
+    assert alone["tp_checks"] == alone["block"]["batch_steps"] > 0  # every block compared across the ranks
+    assert graft["tp_checks"] == graft["block"]["batch_steps"] > alone["tp_checks"]
+    block = graft["block"]
+    # blocks pruned at the root beside blocks keeping draft tokens: the ranks' confidences decided both alike
+    assert 0 < block["kept_tokens"] < block["pruned_steps"] == block["steps"]
+    assert block["grafted_tokens"] > 0 and graft["accepted_retrieved_tokens"] > 0  # the repetitive prompts
+    assert block["verified_rows"] < block["steps"] * block["block_size"]  # batched blocks cut after their chains
     assert "Traceback" not in log and DRIFT_ERROR not in log
 
 

@@ -14,12 +14,13 @@
   ``LlamaForCausalLMEagle3`` loads (SpecForge's export format: one ``midlayer`` decoder layer fed
   by the fused low/mid/high target hidden states, ``fc``, ``norm``, a reduced draft vocabulary
   ``lm_head`` and the ``d2t`` / ``t2d`` maps);
-* a tiny random DFlash block draft for the Llama target, in the layout of the ``dflash`` reference
+* a tiny random DFlash block draft for the Llama target and one for the Qwen3-MoE target, in the layout of the ``dflash`` reference
   package's ``DFlashDraftModel`` (a Qwen3-style draft: q/k norms, no embedding or lm_head of its
   own) that SGLang's ``--speculative-algorithm DFLASH`` loads (``srt/models/dflash.py``).
 
 Usage: ``python test/tiny_models.py OUT_DIR`` writes
-``OUT_DIR/{tokenizer,llama,qwen3,llama-eagle3,qwen3-moe,qwen3-moe-eagle3,gemma3,gemma3-eagle3,llama-dflash}``.
+``OUT_DIR/{tokenizer,llama,qwen3,llama-eagle3,qwen3-moe,qwen3-moe-eagle3,gemma3,gemma3-eagle3,llama-dflash,
+qwen3-moe-dflash}``.
 """
 
 from __future__ import annotations
@@ -187,18 +188,21 @@ DFLASH_MASK_TOKEN_ID = VOCAB - 1
 # within the run, partial blocks at its end, nothing on other prompts).
 DFLASH_AIM_TOKEN = 2024
 DFLASH_RUN_PROMPT = [9] * 20
+# The MoE target's draft: the aim token's logit scaled so that its confidence (about 0.3-0.4 at the
+# first position) straddles the first checkpoint's threshold (0.35).
+DFLASH_MOE_AIM_SCALE = 12.0
 
 
 def build_dflash_draft(target_dir: Path, out: Path, seed: int = 4, num_layers: int = 2,
-                       aim_token: int | None = DFLASH_AIM_TOKEN) -> None:
-    """Random DFlash block draft for a tiny dense target: ``num_layers`` Qwen3-style decoder layers of
+                       aim_token: int | None = DFLASH_AIM_TOKEN, aim_scale: float = 1.0) -> None:
+    """Random DFlash block draft for a tiny target (dense or MoE; the draft is dense): ``num_layers`` Qwen3-style decoder layers of
     the target's width (``layers.N.self_attn.{q,k,v,o}_proj``, ``q_norm`` / ``k_norm``, SwiGLU MLP),
     ``fc`` (the concatenated target hidden states -> hidden), ``hidden_norm`` and ``norm``; the draft
     borrows the target's embedding and lm_head. Config: ``architectures = ["DFlashDraftModel"]``,
     ``block_size``, ``num_target_layers``, ``layer_types`` and ``dflash_config`` (``block_size``,
     ``target_layer_ids``, ``mask_token_id``), as the reference checkpoints write them. ``aim_token``:
     the final norm's gains make every mask position propose that token (None: ones, a plain random
-    draft whose proposals the target almost never accepts)."""
+    draft whose proposals the target almost never accepts), ``aim_scale`` times its logit."""
     from safetensors.torch import load_file, save_file
 
     cfg = json.loads((target_dir / "config.json").read_text())
@@ -215,7 +219,7 @@ def build_dflash_draft(target_dir: Path, out: Path, seed: int = 4, num_layers: i
         mask_embedding = target["model.embed_tokens.weight"][DFLASH_MASK_TOKEN_ID]
         # RMSNorm(x) * gains with x ~ the mask embedding e: gains = lm_head[aim] * sign(e) give
         # lm_head[aim] * |e| / rms(e), whose logit for ``aim`` (a sum of squares) stands far above the others
-        norm = target["lm_head.weight"][aim_token] * torch.sign(mask_embedding)
+        norm = target["lm_head.weight"][aim_token] * torch.sign(mask_embedding) * aim_scale
     tensors = {"fc.weight": w(h, len(DFLASH_TARGET_LAYERS) * h), "hidden_norm.weight": torch.ones(h),
                "norm.weight": norm}
     for i in range(num_layers):
@@ -276,7 +280,8 @@ def build_all(out: Path) -> dict[str, Path]:
     """Build every tiny fixture under ``out`` (idempotent); returns their directories."""
     out = Path(out)
     paths = {name: out / name for name in ("tokenizer", "llama", "qwen3", "llama-eagle3", "qwen3-moe",
-                                           "qwen3-moe-eagle3", "gemma3", "gemma3-eagle3", "llama-dflash")}
+                                           "qwen3-moe-eagle3", "gemma3", "gemma3-eagle3", "llama-dflash",
+                                           "qwen3-moe-dflash")}
     if not (paths["tokenizer"] / "tokenizer.json").exists():
         build_tokenizer(paths["tokenizer"])
     for kind in ("llama", "qwen3", "qwen3-moe", "gemma3"):
@@ -287,6 +292,10 @@ def build_all(out: Path) -> dict[str, Path]:
             build_eagle3_head(paths[target], paths[f"{target}-eagle3"], seed=seed)
     if not (paths["llama-dflash"] / "config.json").exists():
         build_dflash_draft(paths["llama"], paths["llama-dflash"])
+    if not (paths["qwen3-moe-dflash"] / "config.json").exists():
+        # the aim token's confidence near the first checkpoint's threshold: blocks pruned at the root
+        # (their grafted chains accepted on repetitive prompts) beside blocks keeping draft tokens
+        build_dflash_draft(paths["qwen3-moe"], paths["qwen3-moe-dflash"], seed=5, aim_scale=DFLASH_MOE_AIM_SCALE)
     return paths
 
 

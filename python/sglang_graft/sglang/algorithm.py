@@ -182,7 +182,7 @@ def handle_block_server_args(sa) -> None:
 def check_block_server_args(sa) -> None:
     """The launch guards of the block mode, one line naming the flag: the lossless ones
     (:func:`check_server_args`'s acceptance thresholds, adaptive depth, pipeline and data parallel
-    attention, disaggregation) and one rank."""
+    attention, disaggregation)."""
     if sa.device not in TREE_VERIFY_BACKENDS:
         raise ValueError(f"GRAFT runs on --device cuda or cpu, got --device {sa.device}")
     raw = seams.server_args_attr(sa, seams.RAW_INPUT, default={})
@@ -193,8 +193,6 @@ def check_block_server_args(sa) -> None:
                              "GRAFT is lossless and needs 1.0")
     if raw.get("speculative_adaptive") or sa.speculative_adaptive:
         raise ValueError("--speculative-adaptive is not supported by GRAFT")
-    if sa.tp_size is not None and sa.tp_size > 1:
-        raise ValueError(f"--tp-size {sa.tp_size}: GRAFT with a DFlash block draft runs on one rank")
     if sa.pp_size is not None and sa.pp_size > 1:
         raise ValueError(f"--pp-size {sa.pp_size}: GRAFT does not support pipeline parallelism")
     if sa.enable_dp_attention:

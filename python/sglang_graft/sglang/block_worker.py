@@ -46,8 +46,15 @@ other devices every row of the block is verified (SGLang's DFLASH verify has no 
 
 Host reads: each decode step reads the kept lengths (to query retrieval), and the committed tokens
 (to feed the stores), as the EAGLE-3 worker does with ``--speculative-graft-sync-free off``; the
-overlap scheduler is off in this mode. Not done: the tree mode, tensor parallelism (the confidence
-head is the single-rank dense lm_head), selector / LiLiCorr / Domino DFlash heads.
+overlap scheduler is off in this mode.
+
+Tensor parallelism: each rank reads its vocabulary shard's maximum and log-sum-exp, the ranks
+gather them (:func:`greedy_with_confidence`), so every rank prunes the same block; retrieval is fed
+the same committed tokens and the same gathered verify logits on every rank, so every rank grafts
+the same chains. ``--speculative-graft-tp-check K`` compares a hash of the verified block across
+the ranks every K steps (with tensor parallelism every 64 by default), as for the EAGLE-3 tree.
+
+Not done: the tree mode, selector / LiLiCorr / Domino DFlash heads.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ from sglang_graft.sglang.block_graft import (
     accepted_provenance, best_chain, cut_after, depth_thresholds, graft_block, kept_lengths, verify_lengths,
 )
 from sglang_graft.sglang.launch_config import config_of
+from sglang_graft.sglang.tp import tp_hash_check
 
 logger = logging.getLogger(__name__)
 
@@ -127,25 +135,32 @@ class BlockCounters:
         return dataclasses.asdict(self)
 
 
-def greedy_with_confidence(hidden_states: torch.Tensor, lm_head, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target lm_head's greedy token of each row, as SGLang's single-rank DFLASH head picks it
+def greedy_with_confidence(hidden_states: torch.Tensor, lm_head, chunk_size: int,
+                           tp_group=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target lm_head's greedy token of each row, as SGLang's DFLASH head picks it
     (``DFlashWorkerV2._greedy_sample_from_vocab_parallel_head``: the same matmul over the same
     vocabulary rows, chunked alike, the same reduction), and its softmax probability.
 
     Args:
         hidden_states: ``[T, hidden]`` the draft's hidden states of the block's draft positions.
-        lm_head: the target's dense lm_head (one rank, no added vocabulary).
+        lm_head: the target's dense lm_head (no added vocabulary); with tensor parallelism this
+            rank's vocabulary shard.
         chunk_size: SGLang's chunk of rows.
+        tp_group: SGLang's tensor-parallel group (``world_size``, ``all_gather_into_tensor``), or
+            None / one rank. With more ranks each one reduces its shard and the ranks' maxima and
+            log-sum-exps are gathered (:func:`combine_shards`), so every rank holds the same
+            tokens and confidences.
 
     Returns:
         ``(tokens [T] int64, confidence [T] float32)``."""
     weight = lm_head.weight
     shard = getattr(lm_head, "shard_indices", None)
+    tp_size = 1 if tp_group is None or shard is None else int(tp_group.world_size)  # no shard: the whole head
     if shard is None:  # SGLang: chunks of chunk_size, argmax over every weight row
         rows, start, step, argmax = weight, 0, int(chunk_size), True
-    else:  # SGLang's single-rank fast path: chunks of at least 1024, max over the base vocabulary
-        rows, start, step, argmax = weight[: int(shard.num_org_elements)], int(shard.org_vocab_start_index), \
-            max(int(chunk_size), 1024), False
+    else:  # SGLang: max over the base vocabulary; on one rank in chunks of at least 1024
+        rows, start, argmax = weight[: int(shard.num_org_elements)], int(shard.org_vocab_start_index), False
+        step = max(int(chunk_size), 1024) if tp_size == 1 else int(chunk_size)
     num_tokens = int(hidden_states.shape[0])
     tokens = torch.empty((num_tokens,), dtype=torch.long, device=hidden_states.device)
     confidence = torch.empty((num_tokens,), dtype=torch.float32, device=hidden_states.device)
@@ -156,9 +171,32 @@ def greedy_with_confidence(hidden_states: torch.Tensor, lm_head, chunk_size: int
         best, arg = torch.max(logits, dim=-1)
         if argmax:
             arg = torch.argmax(logits, dim=-1)
-        tokens[lo:hi] = arg.to(torch.long) + start
-        confidence[lo:hi] = torch.exp(best.float() - torch.logsumexp(logits.float(), dim=-1))
+        lse = torch.logsumexp(logits.float(), dim=-1)
+        ids = arg.to(torch.long) + start
+        if tp_size > 1:
+            n = hi - lo
+            gathered = torch.empty((tp_size * 2 * n,), dtype=torch.float32, device=hs.device)
+            gathered_ids = torch.empty((tp_size * n,), dtype=torch.long, device=hs.device)
+            tp_group.all_gather_into_tensor(gathered, torch.cat([best.float(), lse]).contiguous())
+            tp_group.all_gather_into_tensor(gathered_ids, ids.contiguous())
+            gathered = gathered.view(tp_size, 2, n)
+            ids, best, lse = combine_shards(gathered[:, 0], gathered_ids.view(tp_size, n), gathered[:, 1])
+        tokens[lo:hi] = ids
+        confidence[lo:hi] = torch.exp(best.float() - lse)
     return tokens, confidence
+
+
+def combine_shards(maxima: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The whole vocabulary's greedy token, max logit and log-sum-exp from each rank's shard:
+    ``maxima``, ``ids`` and ``lse`` ``[tp, T]`` (a shard's max logit, its token id, its log-sum-exp)
+    -> ``(ids [T], maxima [T], lse [T])``. The token is the first rank's of the largest maximum, as
+    SGLang's DFLASH head picks it (``torch.argmax`` over the gathered maxima).
+
+    Example: maxima ``[[2.0], [3.0]]``, ids ``[[7], [40]]``, lse ``[[2.5], [3.1]]`` -> token 40, max
+    3.0, lse ``log(e^2.5 + e^3.1)`` = 3.537: confidence ``e^(3.0 - 3.537)`` = 0.58."""
+    best_rank = torch.argmax(maxima, dim=0)
+    token = ids.gather(0, best_rank[None, :])[0]
+    return token, maxima.gather(0, best_rank[None, :])[0], torch.logsumexp(lse.float(), dim=0)
 
 
 def _all_greedy(batch) -> bool:
@@ -207,13 +245,11 @@ def torch_sampled_verify(active: bool, *, verifies: bool) -> contextlib.Abstract
 
 def _check_supported(worker, target_worker) -> None:
     """Refuse, naming the reason, what the block mode does not serve: DFlash heads with a candidate
-    selector, LiLiCorr or Domino (their tokens are not the greedy head's), tensor parallelism and a
-    target lm_head without a dense single-rank weight (the confidences come from that head)."""
+    selector, LiLiCorr or Domino (their tokens are not the greedy head's) and a target lm_head
+    without a dense weight or with an added vocabulary (the confidences come from that head)."""
     if worker.selector is not None or worker.lilicorr is not None or worker._is_domino:
         raise ValueError("GRAFT grafts plain DFlash block drafts; this draft has a candidate selector, a LiLiCorr "
                          "or a Domino head (use --speculative-algorithm DFLASH)")
-    if seams.TP_GROUP.resolve()().world_size > 1:
-        raise ValueError("GRAFT with a DFlash block draft runs on one rank (--tp-size 1)")
     lm_head = getattr(target_worker.model_runner.model, "lm_head", None)
     weight = getattr(lm_head, "weight", None)
     shard = getattr(lm_head, "shard_indices", None)
@@ -239,6 +275,8 @@ class GraftDFlashWorker(DFlashWorkerV2):
         self.retrieval = GraftRetrieval(self.graft_cfg, vocab, int(self.block_size), 1, self.device,
                                         max_requests=(server_args.max_running_requests or 48) + 1)
         self.block_counters = BlockCounters()
+        self.tp_group = seams.TP_GROUP.resolve()()
+        self.tp_check = tp_hash_check(self.graft_cfg)
         sglang_sampling = bool(seams.DFLASH_SAMPLING_VERIFY.resolve()())
         # a CPU: SGLang's sampled verify, run with the kernel's torch twin (torch_sampled_verify)
         self.torch_sampling_verify = not sglang_sampling and seams.DFLASH_TREE_SAMPLING.resolve() is None \
@@ -312,8 +350,10 @@ class GraftDFlashWorker(DFlashWorkerV2):
                                                                      chunk_size=chunk_size)
         bs = len(step.rids)
         step.picked = time.perf_counter()
-        tokens, confidence = greedy_with_confidence(hidden_states, lm_head, chunk_size)
+        tokens, confidence = greedy_with_confidence(hidden_states, lm_head, chunk_size, self.tp_group)
         self._graft(step, tokens.view(bs, -1), confidence.view(bs, -1))
+        lens = step.verify_lens if step.verify_lens is not None else torch.full_like(step.bonus, step.block.shape[1] + 1)
+        self.tp_check.step((step.bonus, step.block, lens))  # every rank verifies the same rows
         step.grafted = time.perf_counter()
         return step.block.reshape(-1)
 
@@ -415,6 +455,7 @@ def server_counters() -> Optional[dict]:
     worker = _WORKERS[-1]
     retrieval = worker.retrieval
     return {**retrieval.counters.as_dict(), **retrieval.store_usage(), "draft": "dflash",
+            "tp_checks": worker.tp_check.checks,
             "block": {"block_size": int(worker.block_size), "thresholds_by_depth": worker.thresholds.tolist(),
                       **worker.block_counters.as_dict()},
             "config": dataclasses.asdict(worker.graft_cfg)}

@@ -55,6 +55,7 @@ from sglang_graft.sglang.host_reads import cuda_syncs
 from sglang_graft.sglang.attention_kernels import COUNT_ENV, AttentionKernelCounter
 from sglang_graft.sglang.budget_states import BudgetStates, server_memory_plan
 from sglang_graft.sglang.metrics import maybe_prometheus
+from sglang_graft.sglang.tp import tp_all_reduce, tp_hash_check
 from sglang_graft.sglang.draft_worker import (
     GraftContext, GraftDraftWorker, GraftVerifyInput, MaskScratch, plain_verify_mask, verify_mask,
     verify_mask_mode,
@@ -63,7 +64,6 @@ from sglang_graft.engine.draft_lag import DraftLag
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.plans import PlainPlan, StepPlan
 from sglang_graft.engine.step import GraftStepper
-from sglang_graft.engine.tp_check import TreeHashCheck
 from sglang_graft.tree import HostReadCounter, warm_up_graft_kernels
 
 logger = logging.getLogger(__name__)
@@ -92,10 +92,9 @@ class GraftWorkerV2(EAGLEWorkerV2):
                                         sync_free=self.sync_free)
         self.budgets = self.graft_cfg.resolved_budgets(num_nodes)
         self.stepper = GraftStepper(self.graft_cfg, self.retrieval, num_steps, topk,
-                                    self.budgets, device, all_reduce_sum=_tp_all_reduce(), sync_free=self.sync_free,
+                                    self.budgets, device, all_reduce_sum=tp_all_reduce(), sync_free=self.sync_free,
                                     ragged=self.graft_cfg.resolved_ragged(device, self.sync_free))
-        every = self.graft_cfg.resolved_tp_check(seams.TP_GROUP.resolve()().world_size)
-        self.tp_check = TreeHashCheck(every, _tp_all_reduce(torch.distributed.ReduceOp.MAX) if every else None)
+        self.tp_check = tp_hash_check(self.graft_cfg)
         # plain steps defer the draft extend (not sync-free: a catch-up reads the batch's lengths on the host)
         self.lag = DraftLag(self.graft_cfg.draft_lag if self.stepper.may_plain and not self.sync_free else 0)
         context = GraftContext(self.graft_cfg, self.retrieval, self.stepper, self.tp_check, self.lag)
@@ -408,21 +407,6 @@ def _final_hidden_states(logits_output):
 
 
 _NO_FINAL_HIDDEN: list = []
-
-
-def _tp_all_reduce(op=None):
-    """An in-place all-reduce (sum by default) over the tensor-parallel ranks' CPU group, None with
-    one rank. The cost-aware step averages its measured costs with it so that every rank builds
-    the same tree; ``--speculative-graft-tp-check`` compares tree hashes with MAX."""
-    group = seams.TP_GROUP.resolve()()
-    if group.world_size <= 1:
-        return None
-    op = torch.distributed.ReduceOp.SUM if op is None else op
-
-    def all_reduce(tensor: torch.Tensor) -> None:
-        torch.distributed.all_reduce(tensor, op=op, group=group.cpu_group)
-
-    return all_reduce
 
 
 seams.check_overrides(GraftWorkerV2, seams.EAGLE_WORKER, seams.WORKER_OVERRIDES)
