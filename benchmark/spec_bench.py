@@ -279,17 +279,19 @@ def _block_counters(srv) -> dict | None:
 
 def block_summary(before: dict, after: dict) -> dict:
     """The block mode over a run: draft tokens kept, slots grafted and block rows verified per
-    request-step (a server without the rows counter: every row), and the host milliseconds per batch
-    step of each phase (draft forward, pick + prune + graft, verify, feed)."""
+    request-step (a server without the rows counter: every row), the share of batch steps that ran no
+    draft forward (retrieval's chains alone), and the host milliseconds per batch step of each phase
+    (draft forward, pick + prune + graft, verify, feed)."""
     d = {k: after.get(k, 0) - before.get(k, 0)
          for k in ("steps", "pruned_steps", "kept_tokens", "grafted_tokens", "verified_rows", "batch_steps",
-                   "draft_s", "graft_s", "verify_s", "feed_s")}
+                   "undrafted_batch_steps", "draft_s", "graft_s", "verify_s", "feed_s")}
     if "verified_rows" not in after:
         d["verified_rows"] = d["steps"] * after["block_size"]
     steps, batch_steps = max(d["steps"], 1), max(d["batch_steps"], 1)
     return {"block_size": after["block_size"], "request_steps": d["steps"], "pruned_share": d["pruned_steps"] / steps,
             "kept_per_step": d["kept_tokens"] / steps, "grafted_per_step": d["grafted_tokens"] / steps,
             "verified_rows_per_step": d["verified_rows"] / steps,
+            "undrafted_share": d["undrafted_batch_steps"] / batch_steps,
             "phase_ms_per_step": {p: 1e3 * d[f"{p}_s"] / batch_steps for p in ("draft", "graft", "verify", "feed")}}
 
 
@@ -510,14 +512,15 @@ def render_block(block: dict) -> str:
         return ""
     lines = ["", "GRAFT over a block draft: draft slots kept and grafted, and block rows verified (the root "
              "included), per request-step, and host ms per decode step by phase:", "",
-             "| method | block | pruned | kept / step | grafted / step | rows verified / step | draft | graft | verify "
-             "| feed |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| method | block | pruned | kept / step | grafted / step | rows verified / step | steps without a draft "
+             "| draft | graft | verify | feed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, b in block.items():
         ms = b["phase_ms_per_step"]
-        rows = b.get("verified_rows_per_step")
+        rows, undrafted = b.get("verified_rows_per_step"), b.get("undrafted_share")
         lines.append(f"| {name} | {b['block_size']} | {b['pruned_share']:.0%} | {b['kept_per_step']:.2f} | "
-                     f"{b['grafted_per_step']:.2f} | {'' if rows is None else f'{rows:.2f}'} | {ms['draft']:.1f} | "
+                     f"{b['grafted_per_step']:.2f} | {'' if rows is None else f'{rows:.2f}'} | "
+                     f"{'' if undrafted is None else f'{undrafted:.0%}'} | {ms['draft']:.1f} | "
                      f"{ms['graft']:.1f} | {ms['verify']:.1f} | {ms['feed']:.1f} |")
     return "\n".join(lines) + "\n"
 

@@ -12,7 +12,8 @@ little above a 4096-token vocabulary), so with the default thresholds every bloc
 root and retrieval fills it. The first server verifies whole blocks one request at a time and, in
 batches, each block up to its grafted chain (the CPU default); the second keeps one draft token per
 block (one checkpoint at depth 0, threshold 1e-4), grafts after it (the re-rooted retrieval path) and
-verifies up to the chain at batch 1 too (``--speculative-graft-ragged on``)."""
+verifies up to the chain at batch 1 too (``--speculative-graft-ragged on``); the third drafts nothing
+(``--speculative-graft-skip-draft-tokens 0``: every block holds its retrieved chain alone)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from server_utils import SGLangServer
 from tiny_models import DFLASH_BLOCK, DFLASH_RUN_PROMPT
 
 from sglang_graft.sglang.block_graft import (
-    accepted_provenance, best_chain, cut_after, depth_thresholds, graft_block, kept_lengths, verify_lengths,
+    accepted_provenance, best_chain, chain_expected, chain_feedback, cut_after, depth_thresholds, graft_block,
+    kept_lengths, verify_lengths,
 )
 from sglang_graft.tree import RetrievalProposals
 
@@ -81,6 +83,10 @@ def test_token_exact_with_retrieval_and_draft_tokens_accepted(block_server, refe
     assert info["draft"] == "dflash" and block["block_size"] == DFLASH_BLOCK
     assert block["pruned_steps"] == block["steps"] > 0 and block["grafted_tokens"] > 0
     assert block["verified_rows"] == block["steps"] * DFLASH_BLOCK, block
+    # the grafted chains' nodes taught the calibration what they are worth (none here alone expects 3 tokens)
+    calibration = info["calibration"]
+    assert sum(sum(c["shown"]) for name, c in calibration.items() if name != "draft") > 0, calibration
+    assert block["undrafted_batch_steps"] == 0, block
     # the phase clocks: one set per batch step (here one request a step), every phase timed
     assert 0 < block["batch_steps"] <= block["steps"]
     assert all(block[f"{phase}_s"] > 0 for phase in ("draft", "graft", "verify", "feed")), block
@@ -158,6 +164,28 @@ def test_kept_prefix_then_graft_verified_up_to_the_chain(tiny_models, server_log
         assert o["meta_info"]["graft_proposed"] == o["meta_info"]["spec_num_proposed_drafts"], o["meta_info"]
     run = outs[0]["meta_info"]
     assert run["graft_draft_accepted"] > 0 and run["graft_retrieved_accepted"] > 0, run
+
+
+@pytest.mark.server
+def test_blocks_of_retrieved_chains_alone_without_a_draft_forward(tiny_models, server_logs, reference):
+    """``--speculative-graft-skip-draft-tokens 0``: every chain is expected to give enough, so no step
+    runs the draft forward or the pick; each block holds its request's retrieved chain alone (the slots
+    past it token 0, verified in a whole block alone, left out in a batch). Token-exact alone and
+    batched; no draft token accepted, retrieved ones accepted on the loops."""
+    args = _args(tiny_models, "--speculative-graft-skip-draft-tokens", "0")
+    with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "graft-dflash-undrafted.log") as srv:
+        alone = [srv.generate_ids(p, NEW_TOKENS) for p in PROMPTS]
+        with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            together = list(pool.map(lambda p: srv.generate_ids(p, NEW_TOKENS), PROMPTS))
+        info = _graft_info(srv)
+    assert [o["output_ids"] for o in alone] == reference
+    assert [o["output_ids"] for o in together] == reference
+    block = info["block"]
+    assert block["undrafted_batch_steps"] == block["batch_steps"] > 0 and block["kept_tokens"] == 0, block
+    assert block["verified_rows"] < block["steps"] * DFLASH_BLOCK  # the batched blocks cut after their chains
+    metas = [o["meta_info"] for o in alone + together]
+    assert all(m["graft_draft_accepted"] == 0 for m in metas)
+    assert sum(m["graft_retrieved_accepted"] for m in metas) > 0
 
 
 # -- sampled verify: the target's distribution ----------------------------------------------------
@@ -314,9 +342,28 @@ def test_best_chain_follows_the_highest_priority_child():
     parents = torch.tensor([[-1, -1, 0, 0, 2], [-1, -1, -1, -1, -1]])
     priority = torch.tensor([[0.9, 0.3, 0.8, 0.1, 0.5], [0.0] * 5])
     valid = torch.tensor([[True] * 5, [False] * 5])
-    chain, ok = best_chain(RetrievalProposals(tokens, parents, priority, valid), 4)
+    chain, ok, index = best_chain(RetrievalProposals(tokens, parents, priority, valid), 4)
     assert chain.tolist() == [[10, 11, 12, 0], [0, 0, 0, 0]]
     assert ok.tolist() == [[True, True, True, False], [False] * 4]
+    assert index.tolist() == [[0, 2, 4, -1], [-1] * 4]  # each chain node's column in the proposals
+
+
+def test_a_chain_is_expected_to_give_its_values_capped_by_their_ancestors():
+    values = torch.tensor([[0.9, 0.95, 0.5, 0.7], [0.9, 0.95, 0.5, 0.7], [0.2, 0.9, 0.9, 0.9]])
+    valid = torch.tensor([[True] * 4, [True, True, False, False], [True] * 4])
+    assert chain_expected(values, valid).tolist() == pytest.approx([2.8, 1.8, 0.8])
+    assert chain_expected(values[:, :0], valid[:, :0]).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_chain_feedback_counts_the_verified_and_the_accepted_chain_nodes():
+    # chain node j sits in draft slot kept + j; a row is verified below lens - 1 slots
+    kept = torch.tensor([1, 0, 0, 2])
+    valid = torch.tensor([[True, True, True], [True, True, False], [True, True, True], [False] * 3])
+    lens = torch.tensor([4, 8, 8, 3])  # rows, the root included
+    accepted = torch.tensor([2, 1, 3, 2])  # draft slots accepted
+    shown, acc = chain_feedback(kept, valid, lens, accepted)
+    assert shown.tolist() == [[True, True, False], [True, True, False], [True] * 3, [False] * 3]
+    assert acc.tolist() == [[True, False, False], [True, False, False], [True] * 3, [False] * 3]
 
 
 def test_graft_fills_the_freed_slots_and_keeps_the_draft_where_retrieval_has_nothing():
@@ -358,7 +405,7 @@ def test_block_confidences_are_the_whole_vocabularys_on_every_tensor_parallel_ra
     SGLang's DFLASH head picks it."""
     import threading
 
-    from sglang_graft.sglang.block_worker import greedy_with_confidence
+    from sglang_graft.sglang.block_pick import greedy_with_confidence
 
     g = torch.Generator().manual_seed(0)
     vocab, half, padded, hidden, rows = 1000, 500, 512, 16, 300

@@ -44,8 +44,8 @@ import torch
 
 from sglang_graft.tree import RetrievalProposals
 
-__all__ = ["depth_thresholds", "kept_lengths", "best_chain", "graft_block", "verify_lengths", "cut_after",
-           "accepted_provenance"]
+__all__ = ["depth_thresholds", "kept_lengths", "best_chain", "chain_expected", "chain_feedback", "graft_block",
+           "verify_lengths", "cut_after", "accepted_provenance"]
 
 
 def depth_thresholds(checkpoint_depths: Sequence[int], thresholds: Sequence[float], num_positions: int) -> torch.Tensor:
@@ -72,7 +72,7 @@ def kept_lengths(confidence: torch.Tensor, threshold: torch.Tensor) -> torch.Ten
     return torch.cumprod(ok.to(torch.int64), dim=1).sum(dim=1)
 
 
-def best_chain(proposals: RetrievalProposals, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def best_chain(proposals: RetrievalProposals, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The best chain of each request's retrieved tree: from the anchor, the valid child of highest
     priority at every level (the first one on a tie), for at most ``length`` levels.
 
@@ -82,15 +82,17 @@ def best_chain(proposals: RetrievalProposals, length: int) -> tuple[torch.Tensor
         length: most tokens per chain.
 
     Returns:
-        ``(tokens, valid)``, ``[bs, length]`` int64 and bool; ``valid`` is a prefix (the chain ends
-        at the first level with no valid child), tokens are 0 past it."""
+        ``(tokens, valid, index)``, ``[bs, length]`` int64, bool and int64; ``valid`` is a prefix
+        (the chain ends at the first level with no valid child), tokens are 0 past it; ``index``:
+        each chain node's column in the proposals (-1 past the chain)."""
     tokens, parents = proposals.tokens.to(torch.int64), proposals.parents.to(torch.int64)
     bs, r = tokens.shape
     device = tokens.device
     out = torch.zeros((bs, length), dtype=torch.int64, device=device)
     ok = torch.zeros((bs, length), dtype=torch.bool, device=device)
+    index = torch.full((bs, length), -1, dtype=torch.int64, device=device)
     if r == 0 or length == 0:
-        return out, ok
+        return out, ok, index
     current = torch.full((bs,), -1, dtype=torch.int64, device=device)  # -1: the anchor
     minus_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=device)
     for level in range(length):
@@ -101,8 +103,37 @@ def best_chain(proposals: RetrievalProposals, length: int) -> tuple[torch.Tensor
         best = torch.where(children, proposals.priority.float(), minus_inf).argmax(dim=1)
         out[:, level] = torch.where(has, tokens.gather(1, best[:, None])[:, 0], 0)
         ok[:, level] = has
+        index[:, level] = torch.where(has, best, -1)
         current = torch.where(has, best, -2)  # -2 is nobody's parent: the chain has ended
-    return out, ok
+    return out, ok, index
+
+
+def chain_expected(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Accepted tokens a chain alone is expected to give: ``values [bs, L]`` each node's calibrated
+    acceptance probability, ``valid [bs, L]`` (a prefix) -> ``[bs] float32``, the sum over the chain
+    of each node's value capped by its ancestors' (a node is accepted only with them: the tree's
+    ``path_values`` rule on a chain).
+
+    Example: values ``[0.9, 0.95, 0.5, 0.7]``, all valid -> ``0.9 + 0.9 + 0.5 + 0.5 = 2.8``."""
+    if values.shape[1] == 0:
+        return torch.zeros(values.shape[0], dtype=torch.float32, device=values.device)
+    capped = torch.cummin(values.float(), dim=1).values
+    return torch.where(valid, capped, 0.0).sum(dim=1)
+
+
+def chain_feedback(kept: torch.Tensor, valid: torch.Tensor, lens: torch.Tensor,
+                   accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which grafted chain nodes the target verified and which it accepted, for the calibration:
+    ``kept [bs]``, ``valid [bs, L]`` (:func:`best_chain`), ``lens [bs]`` rows verified, the root
+    included (:func:`verify_lengths`; ``M + 1`` for a whole block), ``accepted [bs]`` draft slots
+    accepted (the bonus token excluded) -> ``(shown, accepted)``, ``[bs, L]`` bool each. Chain node
+    ``j`` sits in draft slot ``kept + j``.
+
+    Example: kept ``[1]``, a chain of 3, 4 rows verified, 2 slots accepted -> shown ``[T, T, F]``
+    (slots 1 and 2; slot 3 was not verified), accepted ``[T, F, F]``."""
+    slot = kept.to(torch.int64)[:, None] + torch.arange(valid.shape[1], device=valid.device)[None, :]
+    shown = valid & (slot < lens.to(torch.int64)[:, None] - 1)
+    return shown, shown & (slot < accepted.to(torch.int64)[:, None])
 
 
 def graft_block(draft: torch.Tensor, kept: torch.Tensor, chain: torch.Tensor,

@@ -15,6 +15,13 @@ verify, where SGLang picks the draft tokens (:meth:`GraftDFlashWorker._greedy_sa
    positions (:mod:`sglang_graft.sglang.block_graft`); where retrieval has nothing, the draft's own
    tokens stay.
 
+Draft less (``--speculative-graft-budget-mode cost``, the default): before the draft, retrieval's
+best chain under each request's root is valued with its sources' calibrated acceptance (learned from
+what the verifies accept of the grafted chains, as the EAGLE-3 step learns it); where every request's
+chain alone is expected to have ``--speculative-graft-skip-draft-tokens`` tokens accepted, the step
+runs no draft forward and no pick, and the blocks hold those chains (``undrafted_batch_steps`` in
+``/server_info``).
+
 The draft conditions on the target's hidden states of committed tokens only, and the verify and
 acceptance rule are SGLang's, so replacing block tokens keeps the output the target's own: lossless
 by construction. Retrieval (:class:`~sglang_graft.engine.retrieval_state.GraftRetrieval`, reused as
@@ -64,6 +71,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -71,10 +79,13 @@ import torch
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.sglang import sampling, seams
 from sglang_graft.config import flag_name
+from sglang_graft.engine.budget import AcceptanceCalibration
 from sglang_graft.sglang.block_graft import (
-    accepted_provenance, best_chain, cut_after, depth_thresholds, graft_block, kept_lengths, verify_lengths,
+    accepted_provenance, best_chain, chain_expected, chain_feedback, cut_after, depth_thresholds, graft_block,
+    kept_lengths, verify_lengths,
 )
 from sglang_graft.sglang.launch_config import config_of
+from sglang_graft.sglang.block_pick import greedy_with_confidence
 from sglang_graft.sglang.tp import tp_hash_check
 
 logger = logging.getLogger(__name__)
@@ -99,6 +110,10 @@ class BlockStep:
             (:func:`block_graft.verify_lengths`), or None: every row.
         started, picked, grafted: host clock at the step's start, the block's greedy pick and the
             grafted block's return (:class:`BlockCounters`' phases).
+        drafted: whether the draft ran (False: retrieval's chains alone, see
+            :meth:`GraftDFlashWorker._retrieval_alone`).
+        chain_valid, chain_bins: ``[bs, M]`` the grafted chains (a prefix per row) and their nodes'
+            calibration bins (cost mode; None otherwise).
     """
 
     rids: list
@@ -110,6 +125,10 @@ class BlockStep:
     grafted: float = 0.0
     retrieved: Optional[torch.Tensor] = None
     verify_lens: Optional[torch.Tensor] = None
+    drafted: bool = True
+    chain: Optional[torch.Tensor] = None
+    chain_valid: Optional[torch.Tensor] = None
+    chain_bins: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -121,6 +140,7 @@ class BlockCounters:
     kept_tokens: int = 0  # draft tokens kept
     grafted_tokens: int = 0  # slots where a retrieved token replaced the draft's
     verified_rows: int = 0  # block rows the target verified, roots included (block size x steps: every row)
+    undrafted_batch_steps: int = 0  # batch steps whose blocks held retrieval's chains alone (no draft forward)
     # host seconds of the decode batch-steps by phase (on a CPU the work itself; on CUDA its launches):
     # draft = the step's start to the block's greedy pick (SGLang's draft forward), graft = the pick,
     # pruning and retrieval, verify = from there to SGLang's step end (target verify, acceptance),
@@ -133,70 +153,6 @@ class BlockCounters:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def greedy_with_confidence(hidden_states: torch.Tensor, lm_head, chunk_size: int,
-                           tp_group=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target lm_head's greedy token of each row, as SGLang's DFLASH head picks it
-    (``DFlashWorkerV2._greedy_sample_from_vocab_parallel_head``: the same matmul over the same
-    vocabulary rows, chunked alike, the same reduction), and its softmax probability.
-
-    Args:
-        hidden_states: ``[T, hidden]`` the draft's hidden states of the block's draft positions.
-        lm_head: the target's dense lm_head (no added vocabulary); with tensor parallelism this
-            rank's vocabulary shard.
-        chunk_size: SGLang's chunk of rows.
-        tp_group: SGLang's tensor-parallel group (``world_size``, ``all_gather_into_tensor``), or
-            None / one rank. With more ranks each one reduces its shard and the ranks' maxima and
-            log-sum-exps are gathered (:func:`combine_shards`), so every rank holds the same
-            tokens and confidences.
-
-    Returns:
-        ``(tokens [T] int64, confidence [T] float32)``."""
-    weight = lm_head.weight
-    shard = getattr(lm_head, "shard_indices", None)
-    tp_size = 1 if tp_group is None or shard is None else int(tp_group.world_size)  # no shard: the whole head
-    if shard is None:  # SGLang: chunks of chunk_size, argmax over every weight row
-        rows, start, step, argmax = weight, 0, int(chunk_size), True
-    else:  # SGLang: max over the base vocabulary; on one rank in chunks of at least 1024
-        rows, start, argmax = weight[: int(shard.num_org_elements)], int(shard.org_vocab_start_index), False
-        step = max(int(chunk_size), 1024) if tp_size == 1 else int(chunk_size)
-    num_tokens = int(hidden_states.shape[0])
-    tokens = torch.empty((num_tokens,), dtype=torch.long, device=hidden_states.device)
-    confidence = torch.empty((num_tokens,), dtype=torch.float32, device=hidden_states.device)
-    for lo in range(0, num_tokens, step):
-        hi = min(num_tokens, lo + step)
-        hs = hidden_states[lo:hi]
-        logits = torch.matmul(hs if hs.dtype == weight.dtype else hs.to(weight.dtype), rows.T)
-        best, arg = torch.max(logits, dim=-1)
-        if argmax:
-            arg = torch.argmax(logits, dim=-1)
-        lse = torch.logsumexp(logits.float(), dim=-1)
-        ids = arg.to(torch.long) + start
-        if tp_size > 1:
-            n = hi - lo
-            gathered = torch.empty((tp_size * 2 * n,), dtype=torch.float32, device=hs.device)
-            gathered_ids = torch.empty((tp_size * n,), dtype=torch.long, device=hs.device)
-            tp_group.all_gather_into_tensor(gathered, torch.cat([best.float(), lse]).contiguous())
-            tp_group.all_gather_into_tensor(gathered_ids, ids.contiguous())
-            gathered = gathered.view(tp_size, 2, n)
-            ids, best, lse = combine_shards(gathered[:, 0], gathered_ids.view(tp_size, n), gathered[:, 1])
-        tokens[lo:hi] = ids
-        confidence[lo:hi] = torch.exp(best.float() - lse)
-    return tokens, confidence
-
-
-def combine_shards(maxima: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The whole vocabulary's greedy token, max logit and log-sum-exp from each rank's shard:
-    ``maxima``, ``ids`` and ``lse`` ``[tp, T]`` (a shard's max logit, its token id, its log-sum-exp)
-    -> ``(ids [T], maxima [T], lse [T])``. The token is the first rank's of the largest maximum, as
-    SGLang's DFLASH head picks it (``torch.argmax`` over the gathered maxima).
-
-    Example: maxima ``[[2.0], [3.0]]``, ids ``[[7], [40]]``, lse ``[[2.5], [3.1]]`` -> token 40, max
-    3.0, lse ``log(e^2.5 + e^3.1)`` = 3.537: confidence ``e^(3.0 - 3.537)`` = 0.58."""
-    best_rank = torch.argmax(maxima, dim=0)
-    token = ids.gather(0, best_rank[None, :])[0]
-    return token, maxima.gather(0, best_rank[None, :])[0], torch.logsumexp(lse.float(), dim=0)
 
 
 def _all_greedy(batch) -> bool:
@@ -277,6 +233,9 @@ class GraftDFlashWorker(DFlashWorkerV2):
         self.block_counters = BlockCounters()
         self.tp_group = seams.TP_GROUP.resolve()()
         self.tp_check = tp_hash_check(self.graft_cfg)
+        # cost mode: retrieval's chains valued by their sources' calibrated acceptance (as the EAGLE-3 step's)
+        self.calibration = AcceptanceCalibration(self.device, sources=self.retrieval.sources) \
+            if self.graft_cfg.budget_mode == "cost" else None
         sglang_sampling = bool(seams.DFLASH_SAMPLING_VERIFY.resolve()())
         # a CPU: SGLang's sampled verify, run with the kernel's torch twin (torch_sampled_verify)
         self.torch_sampling_verify = not sglang_sampling and seams.DFLASH_TREE_SAMPLING.resolve() is None \
@@ -319,9 +278,11 @@ class GraftDFlashWorker(DFlashWorkerV2):
             roots = bonus[torch.tensor(rows, device=bonus.device)].tolist()
             self.retrieval.add_roots([rids[i] for i in rows], roots)
         self._step = BlockStep(rids=rids, bonus=bonus, started=time.perf_counter())
+        undrafted = self.calibration is not None and self._retrieval_alone(self._step)
         verify_input = seams.DFLASH_VERIFY_INPUT.resolve()
         try:
-            with torch_sampled_verify(sampled, verifies=True):
+            with torch_sampled_verify(sampled, verifies=True), \
+                    (self._without_draft(len(rids)) if undrafted else contextlib.nullcontext()):
                 result = super().forward_batch_generation(batch, *args, **kwargs)
             step = self._step
         finally:
@@ -335,6 +296,7 @@ class GraftDFlashWorker(DFlashWorkerV2):
         self._feed(batch, step, result)
         c = self.block_counters
         c.batch_steps += 1
+        c.undrafted_batch_steps += not step.drafted
         c.draft_s += step.picked - step.started
         c.graft_s += step.grafted - step.picked
         c.verify_s += verified - step.grafted
@@ -350,8 +312,16 @@ class GraftDFlashWorker(DFlashWorkerV2):
                                                                      chunk_size=chunk_size)
         bs = len(step.rids)
         step.picked = time.perf_counter()
-        tokens, confidence = greedy_with_confidence(hidden_states, lm_head, chunk_size, self.tp_group)
-        self._graft(step, tokens.view(bs, -1), confidence.view(bs, -1))
+        if step.drafted:
+            tokens, confidence = greedy_with_confidence(hidden_states, lm_head, chunk_size, self.tp_group)
+            self._graft(step, tokens.view(bs, -1), confidence.view(bs, -1))
+        else:  # retrieval's chains alone: nothing drafted, nothing to pick
+            m = int(self.block_size) - 1
+            step.kept = torch.zeros(bs, dtype=torch.int64, device=step.bonus.device)
+            block, step.retrieved = graft_block(torch.full((bs, m), -1, dtype=torch.int64, device=step.bonus.device),
+                                                step.kept, step.chain, step.chain_valid)
+            step.block = block.clamp(min=0)  # the slots past a chain: token 0, verified only in a whole block
+            self._declare_rows(step, m)
         lens = step.verify_lens if step.verify_lens is not None else torch.full_like(step.bonus, step.block.shape[1] + 1)
         self.tp_check.step((step.bonus, step.block, lens))  # every rank verifies the same rows
         step.grafted = time.perf_counter()
@@ -375,16 +345,61 @@ class GraftDFlashWorker(DFlashWorkerV2):
         last_kept = draft.gather(1, (kept - 1).clamp(min=0)[:, None])[:, 0]
         anchor = torch.where(kept > 0, last_kept, step.bonus)  # the newest token of each kept path
         scopes = self.retrieval.scope_index(step.rids)
-        proposals, _ = self.retrieval.propose_scored(step.rids, anchor, scopes, pending=(draft, kept))
-        chain, valid = best_chain(proposals, m)
-        step.block, step.retrieved = graft_block(draft, kept, chain, valid)
-        if self.verify_rows_from is not None and len(step.rids) >= self.verify_rows_from:
-            lens = verify_lengths(kept, valid, m)
-            lens_host = lens.tolist()  # host read: the rows the CPU port runs
-            if min(lens_host) <= m:
-                step.verify_lens = lens
-                # every DFlashVerifyInput of this step (its one verify) declares them; removed at the step's end
-                seams.DFLASH_VERIFY_INPUT.resolve().active_rows = lens_host
+        proposals, bins = self.retrieval.propose_scored(step.rids, anchor, scopes, self.calibration,
+                                                        pending=(draft, kept))
+        chain, step.chain_valid, index = best_chain(proposals, m)
+        step.chain_bins = bins.gather(1, index.clamp(min=0))
+        step.block, step.retrieved = graft_block(draft, kept, chain, step.chain_valid)
+        self._declare_rows(step, m)
+
+    def _declare_rows(self, step: BlockStep, m: int) -> None:
+        """Blocks verified up to their grafted chains (``--speculative-graft-ragged``): the rows go
+        on ``step`` and on this step's verify input, where the CPU port reads them."""
+        if self.verify_rows_from is None or len(step.rids) < self.verify_rows_from:
+            return
+        lens = verify_lengths(step.kept, step.chain_valid, m)
+        lens_host = lens.tolist()  # host read: the rows the CPU port runs
+        if min(lens_host) <= m:
+            step.verify_lens = lens
+            # every DFlashVerifyInput of this step (its one verify) declares them; removed at the step's end
+            seams.DFLASH_VERIFY_INPUT.resolve().active_rows = lens_host
+
+    def _retrieval_alone(self, step: BlockStep) -> bool:
+        """Cost mode: whether every request's retrieved chain under its root alone is expected to have
+        ``--speculative-graft-skip-draft-tokens`` tokens accepted (its nodes' calibrated acceptance,
+        :func:`block_graft.chain_expected`), as the EAGLE-3 step drafts nothing for such a request.
+        Then the blocks hold those chains alone: no draft forward, no pick (one host read, the
+        decision; the chains go on ``step``)."""
+        m = int(self.block_size) - 1
+        scopes = self.retrieval.scope_index(step.rids)
+        proposals, bins = self.retrieval.propose_scored(step.rids, step.bonus, scopes, self.calibration)
+        chain, valid, index = best_chain(proposals, m)
+        chain_bins = bins.gather(1, index.clamp(min=0))
+        expected = chain_expected(self.calibration.probability(chain_bins), valid)
+        if not bool((expected >= self.graft_cfg.skip_draft_tokens).all()):
+            return False
+        step.drafted, step.chain, step.chain_valid, step.chain_bins = False, chain, valid, chain_bins
+        return True
+
+    @contextlib.contextmanager
+    def _without_draft(self, bs: int):
+        """SGLang's DFLASH step with its draft forward left out: the draft runner returns hidden
+        states that nothing reads (the pick builds the block from retrieval's chains). The draft KV
+        stays right: SGLang writes the committed tokens' target features into it after the verify,
+        whatever the draft ran."""
+        called = []
+
+        def no_draft_forward(forward_batch, *args, **kwargs):
+            called.append(True)
+            hidden = torch.zeros((bs * int(self.block_size), 1), device=self.device)
+            return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=hidden), can_run_graph=False)
+
+        where = f"{seams.DFLASH_WORKER.target}.{seams.DFLASH_DRAFT_RUNNER_FORWARD}"
+        with seams.wrapped_attribute(self.draft_model_runner, "forward", lambda _: no_draft_forward, where):
+            yield
+        if not called:
+            raise seams.SeamError(f"SGLang seam {where}: the DFLASH step did not run its draft forward through it; "
+                                  "the draft was not left out")
 
     def _accept_block(self, *, candidates, **kwargs):
         """SGLang's acceptance of the verified block, with each request's positions past its verified
@@ -402,6 +417,10 @@ class GraftDFlashWorker(DFlashWorkerV2):
         out = result.next_token_ids.to(torch.int64).view(bs, m + 1)
         host = torch.cat([commit_lens[:, None], out], dim=1).tolist()  # one device-to-host copy
         self.retrieval.commit(step.rids, [row[1:1 + row[0]] for row in host])
+        if self.calibration is not None and step.chain_valid is not None:  # what the grafted chains' nodes gave
+            lens = step.verify_lens if step.verify_lens is not None else torch.full_like(commit_lens, m + 1)
+            shown, accepted = chain_feedback(step.kept, step.chain_valid, lens, commit_lens - 1)
+            self.calibration.update(step.chain_bins, shown, accepted)
         logits = result.logits_output.next_token_logits if result.logits_output is not None else None
         if logits is not None:
             verified = torch.cat([step.bonus[:, None], step.block.to(torch.int64)], dim=1)
@@ -456,6 +475,7 @@ def server_counters() -> Optional[dict]:
     retrieval = worker.retrieval
     return {**retrieval.counters.as_dict(), **retrieval.store_usage(), "draft": "dflash",
             "tp_checks": worker.tp_check.checks,
+            "calibration": worker.calibration.as_dict() if worker.calibration is not None else None,
             "block": {"block_size": int(worker.block_size), "thresholds_by_depth": worker.thresholds.tolist(),
                       **worker.block_counters.as_dict()},
             "config": dataclasses.asdict(worker.graft_cfg)}

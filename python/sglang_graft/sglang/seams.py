@@ -327,6 +327,8 @@ GRAFT_CONFIG_ATTR = "_graft_config"  # GRAFT's config on the ServerArgs record, 
 RAW_INPUT = Seam("sglang.srt.server_args.ServerArgs._raw_input",
                  "tell a user-chosen --attention-backend from one SGLang picked", static=False)
 DRAFT_RUNNER_FORWARD = "draft_runner.forward"  # wrapped per call on a chain draft (draft probabilities)
+# replaced for a step of the DFlash block mode whose blocks hold retrieved chains alone (no draft forward)
+DFLASH_DRAFT_RUNNER_FORWARD = "draft_model_runner.forward"
 # The Triton kernels each TritonAttnBackend binds in __init__ (custom_mask is extend's 10th argument);
 # counted per backend role with SGLANG_GRAFT_COUNT_ATTENTION_KERNELS=1 (sglang/attention_kernels.py)
 TRITON_KERNELS = tuple(Seam(f"{TRITON_ATTN_BACKEND.target}.{name}", "count the Triton attention kernels each "
