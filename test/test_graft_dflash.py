@@ -441,6 +441,23 @@ def test_block_confidences_are_the_whole_vocabularys_on_every_tensor_parallel_ra
     torch.testing.assert_close(alone[1], conf0, rtol=1e-5, atol=1e-7)
 
 
+def test_the_roots_are_asked_first_while_a_whole_batch_may_be_confident():
+    """Retrieval is valued at the roots before the draft at batch 1, until 32 requests have been
+    valued, one batch step in 16, and where the share of confident requests so far, to the power of
+    the batch size, is at least 1 % (every request of a batch must be confident to leave the draft out)."""
+    from sglang_graft.sglang.block_worker import BlockCounters, GraftDFlashWorker
+
+    worker = GraftDFlashWorker.__new__(GraftDFlashWorker)  # the rule only: no server
+    worker.block_counters = BlockCounters(batch_steps=5)
+    worker.asked_requests, worker.confident_requests = 10, 0
+    assert worker._worth_asking(8)  # fewer than 32 valued
+    worker.asked_requests, worker.confident_requests = 100, 50
+    assert worker._worth_asking(1) and worker._worth_asking(6)  # 0.5 ** 6 = 0.016
+    assert not worker._worth_asking(7)  # 0.5 ** 7 = 0.008
+    worker.block_counters.batch_steps = 16
+    assert worker._worth_asking(7)  # one batch step in 16 asks anyway
+
+
 def test_verify_rows_are_the_root_the_kept_prefix_and_the_grafted_chain():
     """The docstring example of ``verify_lengths``, and SGLang's greedy chain acceptance on a block
     cut after its verified rows: it stops within them whatever the target chose past them, and the
