@@ -392,8 +392,8 @@ class GraftDFlashWorker(DFlashWorkerV2):
         leaves the draft out only where every request of the batch is confident): always at batch
         1 and until 32 requests have been valued; later, one batch step in 16, and whenever the share
         of requests found confident so far, to the power of the batch size, is at least 1 %. (Under load on
-        the report split no batch of 8 or 16 was ever all confident, and asking cost about 5 ms a
-        batch step at 8.) Counts only: every tensor-parallel rank decides alike."""
+        the report split no batch of 8 or 16 was ever all confident.) Counts only: every
+        tensor-parallel rank decides alike."""
         if bs == 1 or self.asked_requests < 32 or self.block_counters.batch_steps % 16 == 0:
             return True
         return (self.confident_requests / self.asked_requests) ** bs >= 0.01
