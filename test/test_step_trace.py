@@ -59,7 +59,9 @@ def _engine() -> Engine:
                   # whose steps commit no tokens)
                   # and a ragged step's tree width and rows (recorded before ragged steps: uniform trees)
                   # and the sync-free valuation by draft depth and the joint choice (recorded in tree-sync-free)
-                  added={"StepPlan": ("committed", "width", "rows", "planned_k", "planned_plain", "depth_rows"),
+                  # and the per-request calibration (added since; off by default, None in every trace)
+                  added={"StepPlan": ("committed", "width", "rows", "planned_k", "planned_plain", "depth_rows",
+                                      "request_slots", "request_factors"),
                          "PlainPlan": ("guarded", "committed", "depth_rows")},
                   timer_added=(None, False),
                   # counters added after the traces: the rate guard's steps, ragged steps' rows and slots

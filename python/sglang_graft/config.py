@@ -51,6 +51,9 @@ SUFFIX_CHAIN_MODES = ("off", "on")
 # deepens by at most one level per known step), or per depth the newest known step that valued it
 # (remembered).
 LAGGED_DEPTH_MODES = ("newest", "remembered")
+# --speculative-graft-request-calibration: each request's own factor on the server-wide calibrated
+# acceptance of its draft and retrieved nodes (engine/request_calibration.py), or none.
+REQUEST_CALIBRATION_MODES = ("off", "on")
 # --speculative-graft-plain-steps: where a cost-aware step may be decided plain (N = 1, the roots
 # verified alone): in batches of two or more requests (batched), in every batch (on), never (off).
 PLAIN_STEP_MODES = ("batched", "on", "off")
@@ -85,6 +88,7 @@ class GraftConfig:
     auto_match_threshold: int = 4  # auto: suffix match length from which sam is used
     suffix_chain: str = "off"  # sync-free steps' device-side suffix chain (see SUFFIX_CHAIN_MODES)
     lagged_depths: str = "newest"  # which known steps' depth rows a sync-free step chooses from (LAGGED_DEPTH_MODES)
+    request_calibration: str = "off"  # per-request factors on the calibrated acceptance (REQUEST_CALIBRATION_MODES)
     per_step_metrics: bool = False  # per verify step GRAFT fields in responses (else aggregates)
     budget_mode: str = "cost"  # cost: per-step budget, draft only what pays; fixed: N every step, every draft pass
     budgets: Tuple[int, ...] = ()  # verify budgets a step may choose; empty: see resolved_budgets
@@ -238,6 +242,11 @@ _FLAGS: dict[str, dict[str, Any]] = {
                           "for the depths it drafted and estimated one level deeper. newest: from the newest known "
                           "step alone (the draft deepens by at most one level per known step); remembered: each "
                           "depth from the newest known step that valued it."),
+    "request_calibration": dict(choices=REQUEST_CALIBRATION_MODES, help="Cost mode: on: each request's draft "
+                                "and retrieved nodes are valued at the server-wide calibrated acceptance times the "
+                                "request's own ratio of accepted to expected tokens so far (draft and retrieved "
+                                "nodes apart, 8 expected tokens of prior), so a request whose retrieved chains "
+                                "are paraphrased rather than copied stops paying for them; off: server-wide only."),
     "sync_free": dict(choices=SYNC_FREE_MODES, help="on: the decode step reads no device value on the host "
                       "(retrieval, draft depth and budget decided from results two steps old, retrieved trees "
                       "re-rooted on the device along the newest committed path; responses carry no per-request "
@@ -288,7 +297,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "algorithm tuning (defaults chosen on the tune split)": (
         "checkpoint_depths", "thresholds", "keep_fractions", "min_retrieval_slots", "placement",
         "retrieval_max_depth", "sam_min_match", "recycle_k", "recycle_widths", "auto_match_threshold",
-        "skip_draft_tokens", "suffix_chain", "lagged_depths"),
+        "skip_draft_tokens", "suffix_chain", "lagged_depths", "request_calibration"),
     "steps a CPU takes (off with sync-free steps, so off on CUDA by default)": ("ragged", "draft_lag"),
     "testing and diagnostics": ("per_step_metrics",),
 }
@@ -386,6 +395,9 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
     if cfg.ragged == "on" and (cfg.budget_mode != "cost" or cfg.sync_free == "on"):
         raise ValueError(f"{flag_name('ragged')} on needs {flag_name('budget_mode')} cost and "
                          f"{flag_name('sync_free')} off or auto (the budget is shared out by each step's node values)")
+    if cfg.request_calibration == "on" and cfg.budget_mode != "cost":
+        raise ValueError(f"{flag_name('request_calibration')} on needs {flag_name('budget_mode')} cost (the fixed "
+                         "budget does not value nodes)")
     if cfg.draft_lag < 0:
         raise ValueError(f"{flag_name('draft_lag')} must be >= 0 (0 = the draft extends after every plain step), "
                          f"got {cfg.draft_lag}")

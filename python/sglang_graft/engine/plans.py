@@ -38,6 +38,10 @@ class StepPlan:
     planned_passes: Optional[int] = None  # sync-free: draft passes decided before the draft
     planned_k: Optional[int] = None  # sync-free: the budget's index, decided with them
     planned_plain: Optional[bool] = None  # sync-free: decided plain with them
+    # --speculative-graft-request-calibration on: [bs] rows of the requests' own factors, [bs, 2] the
+    # factors on their draft and retrieved nodes' calibrated values (engine.request_calibration)
+    request_slots: Optional[torch.Tensor] = None
+    request_factors: Optional[torch.Tensor] = None
     # sync-free: [bs, num_steps, budgets] expected tokens per budget and draft depth (GraftStepper.depth_rows)
     depth_rows: Optional[torch.Tensor] = None
     expected_rows: Optional[torch.Tensor] = None  # [bs, budgets] expected tokens per budget (cost mode)

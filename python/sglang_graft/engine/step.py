@@ -52,6 +52,7 @@ from sglang_graft.engine.lagged import LaggedEntry
 from sglang_graft.engine.lagged_choice import choose_from_depth_rows, remember_depth_rows
 from sglang_graft.engine.plans import PlainPlan, StepPlan, StepStats
 from sglang_graft.engine.ragged import share_budgets
+from sglang_graft.engine.request_calibration import RequestCalibration
 from sglang_graft.engine.rate_guard import RateGuard
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.tree_graph import POISON_ENV, TreeGraphs
@@ -96,6 +97,8 @@ class GraftStepper(NodeValuation):
         self.cost_aware = cfg.budget_mode == "cost"
         self.device = device
         self.calibration = AcceptanceCalibration(device, sources=retrieval.sources)
+        self.request_calibration = (RequestCalibration(device) if self.cost_aware and cfg.request_calibration == "on"
+                                    else None)
         self.cost = StepCost(self.budgets)
         self.rate_guard = RateGuard()
         self.all_reduce_sum = all_reduce_sum  # sums a CPU tensor over the tensor-parallel ranks, or None
@@ -145,10 +148,15 @@ class GraftStepper(NodeValuation):
         (``([bs, W], [bs])``, see ``GraftRetrieval.propose_scored``)."""
         bs = len(rids)
         scopes = self.retrieval.scope_index(rids)
+        slots = factors = None
+        if self.request_calibration is not None:
+            slots = self.request_calibration.slots(rids)
+            factors = self.request_calibration.factors(slots)
         with self.timer.phase("retrieval"):
             proposals, bins = self.retrieval.propose_scored(rids, root_tokens, scopes, self.calibration,
                                                             union=self.cost_aware, pending=pending)
-            values = self.calibration.probability(bins)
+            values = RequestCalibration.apply(self.calibration.probability(bins),
+                                              None if factors is None else factors[:, 1])
             values = torch.where(proposals.valid, path_values(values, proposals.parents), 0.0)
             if self.cost_aware:
                 proposals = RetrievalProposals(proposals.tokens, proposals.parents, values, proposals.valid)  # by value
@@ -162,7 +170,8 @@ class GraftStepper(NodeValuation):
                         scopes=scopes, exit_depth=torch.full((bs,), self.num_steps - 1, dtype=torch.int64,
                                                              device=root_tokens.device),
                         stage=torch.full((bs,), len(self.checkpoints), dtype=torch.int64, device=root_tokens.device),
-                        explore=explore, explore_k=explore_k, context=context)
+                        explore=explore, explore_k=explore_k, context=context,
+                        request_slots=slots, request_factors=factors)
         if self.sync_free:
             plan.planned_passes, plan.planned_k, plan.planned_plain = self.lagged_choice(bs, context, explore_k)
         return plan
@@ -416,10 +425,21 @@ class GraftStepper(NodeValuation):
             from_ret = torch.zeros_like(from_draft)
         return torch.where(tree.draft_index >= 0, from_draft, from_ret)
 
-    def feedback(self, bins: torch.Tensor, linked: torch.Tensor, accepted: torch.Tensor) -> None:
+    def feedback(self, bins: torch.Tensor, linked: torch.Tensor, accepted: torch.Tensor,
+                 plan: Optional[StepPlan] = None) -> None:
         """Calibration: ``accepted [bs, N] bool`` nodes on the accepted path among the ``linked
-        [bs, N] bool`` ones, whose calibration bins are ``bins [bs, N] int64``."""
+        [bs, N] bool`` ones, whose calibration bins are ``bins [bs, N] int64``; with ``plan`` (its
+        requests' rows), each request's own factors too (against the server-wide values before
+        this update)."""
+        if self.request_calibration is not None and plan is not None and plan.request_slots is not None:
+            self.request_calibration.update(plan.request_slots, bins, self.calibration.probability(bins), linked,
+                                            accepted)
         self.calibration.update(bins, linked, accepted & linked)
+
+    def release(self, rid) -> None:
+        """Forget ``rid``'s own calibration (finished, aborted or retracted)."""
+        if self.request_calibration is not None:
+            self.request_calibration.release(rid)
 
     def end_step(self, plan: Optional[StepPlan | PlainPlan], bs: int) -> None:
         """The step's phase times feed the cost model (on CUDA possibly a step or two later, when
@@ -462,7 +482,9 @@ class GraftStepper(NodeValuation):
         return {**self.stats.as_dict(), "step_time": self.timer.as_dict(), "cost_model": self.cost.as_dict(),
                 "rate_guard": self.rate_guard.as_dict(),
                 "budgets": list(self.budgets), "budget_mode": self.cfg.budget_mode,
-                "calibration": self.calibration.as_dict()}
+                "calibration": self.calibration.as_dict(),
+                **({} if self.request_calibration is None else
+                   {"request_calibration": self.request_calibration.as_dict()})}
 
 
 __all__ = ["GraftStepper"]

@@ -6,7 +6,7 @@ each node's path) and those into expected committed tokens per verify budget: wi
 drafted so far, with one more level estimated, and per draft depth for sync-free steps. The stepper
 decides from them; nothing here decides.
 
-It reads the stepper's ``calibration``, ``cfg.placement``, ``topk``, ``num_steps``, ``budgets``,
+It reads the stepper's ``calibration`` (and the plan's per-request factors), ``cfg.placement``, ``topk``, ``num_steps``, ``budgets``,
 ``max_nodes``, ``prune``, ``ragged``, ``_may_keep_draft`` and ``_stage_caps``.
 """
 
@@ -19,6 +19,7 @@ import torch
 from sglang_graft.engine.budget import expected_tokens, path_values
 from sglang_graft.engine.plans import StepPlan
 from sglang_graft.engine.ragged import share_budgets
+from sglang_graft.engine.request_calibration import RequestCalibration
 from sglang_graft.tree import DraftPool, new_retrieved_values, stage_keep_cap
 
 
@@ -53,7 +54,7 @@ class NodeValuation:
         now = self._union_values(plan, pool, values) if now is None else now
         parent_scores = torch.where(pool.parents >= 0, pool.scores.gather(1, pool.parents.clamp(min=0)), 1.0)
         given_parent = (pool.scores / parent_scores.clamp(min=1e-12)).clamp(max=1.0)
-        child = self.calibration.probability(self.calibration.draft_bins(pool.scores * given_parent))
+        child = self._draft_probability(plan, pool.scores * given_parent)
         at_depth = torch.where(pool.depths == pool.num_steps - 1, torch.minimum(child, values), 0.0)
         beams = torch.topk(at_depth, min(self.topk, at_depth.shape[1]), dim=1).values
         later = torch.cat([now, torch.where(alive[:, None], beams, 0.0)], dim=1)
@@ -93,7 +94,7 @@ class NodeValuation:
         request's exit depth and beyond its pruning stage's cap (the ``cap`` most valuable
         nodes count, at the largest budget; ties by pool index, so the counted set is
         ancestor-closed)."""
-        values = path_values(self.calibration.probability(self.calibration.draft_bins(pool.scores)), pool.parents)
+        values = path_values(self._draft_probability(plan, pool.scores), pool.parents)
         values = torch.where(pool.depths <= plan.exit_depth[:, None], values, 0.0)
         if not self._stage_caps:
             return values
@@ -101,6 +102,12 @@ class NodeValuation:
         order = torch.sort(values, dim=1, descending=True, stable=True).indices
         rank = torch.empty_like(order).scatter_(1, order, torch.arange(pool.size, device=values.device).expand_as(order))
         return torch.where(rank < cap[:, None], values, 0.0)
+
+    def _draft_probability(self, plan: StepPlan, scores: torch.Tensor) -> torch.Tensor:
+        """``[bs, M]`` calibrated acceptance of draft paths of probability ``scores``, times each
+        request's own draft factor where ``plan`` has them (``--speculative-graft-request-calibration``)."""
+        values = self.calibration.probability(self.calibration.draft_bins(scores))
+        return RequestCalibration.apply(values, None if plan.request_factors is None else plan.request_factors[:, 0])
 
     def _union_values(self, plan: StepPlan, pool: DraftPool, draft_values: torch.Tensor) -> torch.Tensor:
         """``[bs, M + R]`` values of the draft nodes, then of the retrieved nodes the graft adds as

@@ -330,7 +330,7 @@ class GraftWorkerV2(EAGLEWorkerV2):
                              result.logits_output.next_token_logits, info.scopes, rows)
         linked = info.verified_nodes.clone()
         linked[:, 0] = False
-        self.stepper.feedback(info.node_bins, linked, accepted_nodes)
+        self.stepper.feedback(info.node_bins, linked, accepted_nodes, info.plan)
         self.penalties.record(batch, result.next_token_ids.view(bs, n), accept_lens)
         plan = info.plan
         self._verified = (plan, bs)
@@ -468,4 +468,5 @@ def release_request(rid) -> None:
     """Free ``rid``'s retrieval state (called when SGLang releases the request's KV)."""
     for worker in _WORKERS:
         worker.retrieval.release(rid)
+        worker.stepper.release(rid)
         worker.lag.forget(rid)
