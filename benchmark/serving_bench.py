@@ -66,7 +66,8 @@ import prompt_sets  # noqa: E402
 import requests  # noqa: E402
 from plotting import pyplot  # noqa: E402
 from local_server import SERVER_ENV, SGLangServer  # noqa: E402
-from spec_bench import ADAPTIVE, CHAIN, block_summary, render_block, render_economy  # noqa: E402
+from spec_bench import ADAPTIVE, CHAIN, block_summary  # noqa: E402
+from spec_report import render_block, render_economy  # noqa: E402
 
 METHODS = {
     "none": [],

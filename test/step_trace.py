@@ -221,7 +221,7 @@ def _wrap_init(rec: _Recorder, cls: type, ref: str, skip: tuple = ()) -> None:
 
 def install(path: str) -> None:
     """Record this process's engine calls to ``path`` (rewritten after every decode step)."""
-    from sglang_graft.engine.budget import StepTimer
+    from sglang_graft.engine.step_timer import StepTimer
     from sglang_graft.engine.lagged import CommitRing
     from sglang_graft.engine.retrieval_state import GraftRetrieval
     from sglang_graft.engine.plans import StepStats

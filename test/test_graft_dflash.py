@@ -519,12 +519,12 @@ def _kernel_chain(candidates, probs, coins, final_coins):
 def test_the_torch_op_verifies_sglangs_chain_as_the_kernel_does(top_k):
     """SGLang's own chain-sampling verify (``compute_dflash_sampling_correct_drafts_and_bonus``, its
     chain buffers: ``retrive_index`` the rows ``b * B + i``, ``retrive_next_token`` ``i + 1``,
-    no siblings) run under :func:`block_worker.torch_sampled_verify` gives, coin for coin, what the
+    no siblings) run under :func:`sampling.torch_sampled_verify` gives, coin for coin, what the
     CUDA kernel's rule gives on the same target probabilities: rejections at every depth, whole
     blocks accepted, with and without SGLang's sparse top-k path. The seams are restored after,
     and a verify step whose op is never called fails loudly."""
     from sglang.srt.speculative import dflash_utils
-    from sglang_graft.sglang import block_worker, seams
+    from sglang_graft.sglang import sampling, seams
 
     g = torch.Generator().manual_seed(3)
     bs, block, vocab = 64, DFLASH_BLOCK, 12
@@ -540,7 +540,7 @@ def test_the_torch_op_verifies_sglangs_chain_as_the_kernel_does(top_k):
     coins, final_coins = torch.rand(bs, block, generator=g), torch.rand(bs, generator=g)
     original = dflash_utils.tree_speculative_sampling_target_only
     flag, step_check = dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE, seams.DFLASH_STEP_SAMPLING_VERIFY.resolve()
-    with block_worker.torch_sampled_verify(True, verifies=True):
+    with sampling.torch_sampled_verify(True, verifies=True):
         accept_len, bonus = dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus(
             candidates=candidates, next_token_logits=logits.clone(), sampling_info=info, threshold_single=1.0,
             threshold_acc=1.0, uniform_samples=coins, uniform_samples_for_final_sampling=final_coins)
@@ -554,19 +554,19 @@ def test_the_torch_op_verifies_sglangs_chain_as_the_kernel_does(top_k):
     lengths = set(want_len.tolist())
     assert {0, block - 1} <= lengths and len(lengths) >= 4  # rejected early, late, and never
     with pytest.raises(seams.SeamError, match="tree_speculative_sampling_target_only: was not called"):
-        with block_worker.torch_sampled_verify(True, verifies=True):
+        with sampling.torch_sampled_verify(True, verifies=True):
             pass
-    with block_worker.torch_sampled_verify(False, verifies=True):  # inactive: SGLang's names untouched
+    with sampling.torch_sampled_verify(False, verifies=True):  # inactive: SGLang's names untouched
         assert dflash_utils.tree_speculative_sampling_target_only is original
 
 
 def test_a_cut_chain_is_verified_as_the_chain_of_its_verified_rows():
     """A sampled verify of blocks cut after their verified rows (``cut_after``; the op
-    ``block_worker.chain_sampling_verify``) gives, coin for coin, what the kernel's rule gives on
+    ``sampling.chain_sampling_verify``) gives, coin for coin, what the kernel's rule gives on
     each request's chain of its verified rows alone: at most ``L - 1`` draft tokens accepted, the
     next token sampled from row ``L - 1`` (the full row when every verified token was accepted)."""
     from sglang.srt.speculative import dflash_utils
-    from sglang_graft.sglang import block_worker
+    from sglang_graft.sglang import sampling
 
     g = torch.Generator().manual_seed(5)
     bs, block, vocab = 48, DFLASH_BLOCK, 10
@@ -578,7 +578,7 @@ def test_a_cut_chain_is_verified_as_the_chain_of_its_verified_rows():
                            top_ps=torch.ones(bs), need_top_k_sampling=False, need_top_p_sampling=False)
     coins, final_coins = torch.rand(bs, block, generator=g), torch.rand(bs, generator=g)
     lens = torch.randint(1, block + 1, (bs,), generator=g)
-    with block_worker.torch_sampled_verify(True, verifies=True):
+    with sampling.torch_sampled_verify(True, verifies=True):
         accept_len, bonus = dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus(
             candidates=cut_after(candidates, lens), next_token_logits=logits.clone(), sampling_info=info,
             threshold_single=1.0, threshold_acc=1.0, uniform_samples=coins, uniform_samples_for_final_sampling=final_coins)

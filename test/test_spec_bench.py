@@ -249,6 +249,7 @@ def test_economy_by_category_is_the_difference_of_snapshots():
     """A category's economy: the server's cumulative counters after its prompts less those before."""
     sys.path.insert(0, str(ROOT / "benchmark"))
     import spec_bench
+    import spec_report
 
     def snapshot(steps, passes, hist, checked, expected, committed):
         return {"steps": steps, "draft_passes": passes, "skipped_drafts": 0, "budget_histogram": hist,
@@ -263,7 +264,7 @@ def test_economy_by_category_is_the_difference_of_snapshots():
     check = eco["expected_vs_committed"]
     assert check["steps"] == 12 and check["committed_tokens"] == 26
     assert check["expected_tokens"] == pytest.approx(30.0) and check["expected_per_step"] == pytest.approx(2.5)
-    assert spec_bench._mean_budget(eco) == pytest.approx((4 * 6 + 8 * 9) / 15)
+    assert spec_report._mean_budget(eco) == pytest.approx((4 * 6 + 8 * 9) / 15)
 
 
 def test_interleaved_methods_take_turns_on_every_prompt(monkeypatch, tmp_path):
@@ -354,6 +355,7 @@ def test_serving_bench_disjoint_levels_deal_every_category_and_never_repeat_a_pr
 def test_block_summary_is_the_runs_difference_per_step():
     sys.path.insert(0, str(ROOT / "benchmark"))
     import spec_bench
+    import spec_report
 
     before = {"block_size": 8, "steps": 10, "pruned_steps": 4, "kept_tokens": 30, "grafted_tokens": 5,
               "batch_steps": 10, "draft_s": 1.0, "graft_s": 0.1, "verify_s": 2.0, "feed_s": 0.05}
@@ -364,7 +366,7 @@ def test_block_summary_is_the_runs_difference_per_step():
     assert b["kept_per_step"] == 2.0 and b["grafted_per_step"] == 1.0 and b["verified_rows_per_step"] == 8.0
     assert b["phase_ms_per_step"] == pytest.approx({"draft": 20.0, "graft": 5.0, "verify": 100.0, "feed": 1.0})
     assert b["undrafted_share"] == 0.0  # a server without the counter: every step drafted
-    assert "| GRAFT-DFlash | 8 | 50% | 2.00 | 1.00 | 8.00 | 0% | 20.0 | 5.0 | 100.0 | 1.0 |" in spec_bench.render_block(
+    assert "| GRAFT-DFlash | 8 | 50% | 2.00 | 1.00 | 8.00 | 0% | 20.0 | 5.0 | 100.0 | 1.0 |" in spec_report.render_block(
         {"GRAFT-DFlash": b})
     cut = spec_bench.block_summary({**before, "verified_rows": 80, "undrafted_batch_steps": 2},
                                    {**after, "verified_rows": 150, "undrafted_batch_steps": 5})

@@ -436,7 +436,7 @@ def _at(t: float) -> None:
 
 
 def test_event_timer_reports_a_step_once_its_events_completed():
-    from sglang_graft.engine.budget import StepTimer
+    from sglang_graft.engine.step_timer import StepTimer
 
     timer = StepTimer(event_factory=_FakeEvent)
     _FakeEvent.now = _FakeEvent.done_until = 0.0
@@ -472,7 +472,7 @@ def test_event_timer_reports_a_step_once_its_events_completed():
 
 
 def test_host_timer_reports_every_step_at_once():
-    from sglang_graft.engine.budget import StepTimer
+    from sglang_graft.engine.step_timer import StepTimer
 
     timer = StepTimer("cpu")
     timer.begin()

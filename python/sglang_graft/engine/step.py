@@ -41,7 +41,6 @@ import torch
 from sglang_graft.engine.budget import (
     AcceptanceCalibration,
     StepCost,
-    StepTimer,
     choose_budget,
     expected_tokens,
     path_values,
@@ -54,6 +53,7 @@ from sglang_graft.engine.plans import PlainPlan, StepPlan, StepStats
 from sglang_graft.engine.ragged import share_budgets
 from sglang_graft.engine.request_calibration import RequestCalibration
 from sglang_graft.engine.rate_guard import RateGuard
+from sglang_graft.engine.step_timer import StepTimer
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.tree_graph import POISON_ENV, TreeGraphs
 from sglang_graft.engine.valuation import NodeValuation

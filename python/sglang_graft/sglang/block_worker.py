@@ -77,7 +77,7 @@ from typing import Optional
 import torch
 
 from sglang_graft.engine.retrieval_state import GraftRetrieval
-from sglang_graft.sglang import sampling, seams
+from sglang_graft.sglang import seams
 from sglang_graft.config import flag_name
 from sglang_graft.engine.budget import AcceptanceCalibration
 from sglang_graft.sglang.block_graft import (
@@ -86,6 +86,7 @@ from sglang_graft.sglang.block_graft import (
 )
 from sglang_graft.sglang.launch_config import config_of
 from sglang_graft.sglang.block_pick import greedy_with_confidence
+from sglang_graft.sglang.sampling import torch_sampled_verify
 from sglang_graft.sglang.tp import tp_hash_check
 
 logger = logging.getLogger(__name__)
@@ -159,44 +160,6 @@ def _all_greedy(batch) -> bool:
     """SGLang's own test (``dflash_worker_v2._is_all_greedy``): no sampling info, or every request greedy."""
     info = batch.sampling_info
     return info is None or bool(info.is_all_greedy)
-
-
-def chain_sampling_verify(**kwargs) -> None:
-    """:func:`sampling.cpu_sampling_verify` for a chain whose positions past a request's verified
-    rows are ``-1`` (:func:`block_graft.cut_after`): the chain ends before them (their node's
-    ``retrive_next_token`` is -1, on a copy of SGLang's buffer), so a request accepts at most its
-    verified draft tokens and samples its next token from its last verified row."""
-    candidates = kwargs["candidates"]
-    cut = candidates < 0
-    if bool(cut.any()):
-        ends = torch.zeros_like(cut)
-        ends[:, :-1] = cut[:, 1:]
-        kwargs["retrive_next_token"] = torch.where(ends, -1, kwargs["retrive_next_token"])
-        kwargs["candidates"] = candidates.clamp(min=0)
-    sampling.cpu_sampling_verify(**kwargs)
-
-
-def torch_sampled_verify(active: bool, *, verifies: bool) -> contextlib.AbstractContextManager:
-    """For one step of the block mode on a CPU (``active``: a batch with sampled requests), SGLang's
-    DFLASH takes its sampled verify instead of its greedy fallback: its step's availability test
-    answers yes, and ``compute_dflash_sampling_correct_drafts_and_bonus`` runs with the CUDA
-    kernel's torch twin (:func:`sampling.cpu_sampling_verify`) as its
-    ``tree_speculative_sampling_target_only``.
-
-    SGLang calls the op for the chain: ``candidates [bs, B]`` (column 0 the root), ``retrive_index
-    [bs, B]`` the rows ``b * B + i``, ``retrive_next_token [bs, B]`` ``i + 1`` (-1 at the end),
-    ``retrive_next_sibling`` all -1, coins ``[bs, B]`` and ``[bs]``, ``target_probs [bs, B, V]``,
-    zeroed ``draft_probs``; the twin writes ``predicts [bs * B]``, ``accept_index [bs, B]`` and
-    ``accept_token_num [bs]`` in place as the kernel does (``test_graft_dflash``). The top-k / top-p
-    renormalisation stays SGLang's (its torch fallback where no kernel exists, as for plain sampling
-    on a CPU). ``verifies``: the step verifies a block, so the op must be called (a prefill only
-    skips SGLang's fallback warning). Inactive: nothing swapped."""
-    stack = contextlib.ExitStack()
-    if active:
-        stack.enter_context(seams.swapped(seams.DFLASH_STEP_SAMPLING_VERIFY, lambda: True))
-        stack.enter_context(seams.swapped(seams.DFLASH_SAMPLING_AVAILABLE, True))
-        stack.enter_context(seams.swapped(seams.DFLASH_TREE_SAMPLING, chain_sampling_verify, required=verifies))
-    return stack
 
 
 def _check_supported(worker, target_worker) -> None:
