@@ -1,7 +1,8 @@
 """GRAFT under tensor parallelism: two CPU ranks (gloo), greedy output token-exact against the same
 TP 2 server without speculation, with ``--speculative-graft-tp-check 1`` comparing a hash of every
 verify tree across the ranks (a real all-reduce) and the cost model's published step costs summed
-over them; with and without the sync-free step."""
+over them; with and without the sync-free step, and sync-free with each request's own calibration
+(``--speculative-graft-request-calibration on``: per-request tables on every rank)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ def tp2_reference(tiny_models, server_logs):
             return ids, _concurrently(srv, ids)
 
 
-@pytest.mark.parametrize("sync_free", ["off", "on"])
+@pytest.mark.parametrize("sync_free,extra", [("off", []), ("on", []),
+                                             ("on", ["--speculative-graft-request-calibration", "on"])],
+                         ids=["sync-free-off", "sync-free-on", "sync-free-request-calibration"])
 def test_graft_tp2_token_exact_with_the_tree_check(tiny_models, server_logs, monkeypatch, tp2_reference, sync_free,
-                                                  tmp_path):
+                                                  extra, tmp_path):
     """``sync_free on``: both ranks take in the same lagged results at the same calls and re-root
     along the same device paths, so their trees stay equal too. Step costs pinned (retrieval must
     be accepted whatever the machine's load)."""
@@ -47,8 +50,8 @@ def test_graft_tp2_token_exact_with_the_tree_check(tiny_models, server_logs, mon
     ids, ref = tp2_reference
     graft = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["llama-eagle3"]),
              "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
-             "--speculative-graft-tp-check", "1", "--speculative-graft-sync-free", sync_free, "--enable-metrics", *TP2]
-    with SGLangServer(tiny_models["llama"], graft, log_path=server_logs / f"tp2-graft-{sync_free}.log",
+             "--speculative-graft-tp-check", "1", "--speculative-graft-sync-free", sync_free, "--enable-metrics", *TP2, *extra]
+    with SGLangServer(tiny_models["llama"], graft, log_path=server_logs / f"tp2-graft-{sync_free}{len(extra)}.log",
                       env=pinned_env(tmp_path / "pinned")) as srv:
         outs = _concurrently(srv, ids)
         info = requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["graft"]
@@ -60,6 +63,7 @@ def test_graft_tp2_token_exact_with_the_tree_check(tiny_models, server_logs, mon
     assert len(series) == 1 and 'tp_rank="0"' in series[0] and "model_name=" in series[0], series
     assert int(float(series[0].split()[-1])) == info["verify_steps"]
     assert info["sync_free"] is (sync_free == "on")
+    assert ("request_calibration" in info["economy"]) is bool(extra)
     steps = info["economy"]["steps"] - info["economy"]["plain_steps"]  # plain steps have no tree
     assert steps > 0 and info["tp_checks"] == steps  # every tree compared across both ranks
     assert info["accepted_retrieved_tokens"] > 0  # the repetitive prompts are served from retrieval

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_graft.config import GraftConfig, validate
-from sglang_graft.engine.request_calibration import PRIOR_TOKENS, RequestCalibration
+from sglang_graft.engine.request_calibration import MAX_FACTOR, PRIOR_TOKENS, RequestCalibration
 from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.engine.step import GraftStepper
 from sglang_graft.retrieval.source import PROBABILITY_BINS
@@ -41,9 +41,12 @@ def test_nodes_not_verified_count_nothing_and_values_stay_probabilities():
     rc = RequestCalibration(capacity=1)
     _verify(rc, ["a"], [[DRAFT, DRAFT, RETRIEVED]], [[0.5, 0.25, 0.9]], [[True, False, False]], [[True, True, True]])
     f = rc.factors(rc.slots(["a"]))
-    torch.testing.assert_close(f, torch.tensor([[9.0 / 8.5, 1.0]]))  # the unshown draft node and its "accept" ignored
-    values = RequestCalibration.apply(torch.tensor([[0.99, 0.5]]), f[:, 0])
-    assert values.max() <= 1.0 and values[0, 1] == pytest.approx(0.5 * 9.0 / 8.5)
+    torch.testing.assert_close(f, torch.tensor([[1.0, 1.0]]))  # 9 / 8.5 capped; the unshown draft node ignored
+    _verify(rc, ["a"], [[DRAFT, DRAFT]], [[0.5, 0.5]], [[True, True]], [[False, False]])
+    f = rc.factors(rc.slots(["a"]))
+    torch.testing.assert_close(f, torch.tensor([[9.0 / 9.5, 1.0]]))
+    values = RequestCalibration.apply(torch.tensor([[0.99, 0.5]]), 1.5 * f[:, 0])
+    assert values.max() <= 1.0 and values[0, 1] == pytest.approx(0.5 * 1.5 * 9.0 / 9.5)
     assert torch.equal(RequestCalibration.apply(torch.tensor([[0.3]]), None), torch.tensor([[0.3]]))
 
 
@@ -65,7 +68,7 @@ def test_table_matches_plain_sums_across_growth_and_release(events, released):
     for rid in "abcdefgh":
         e, a = sums.get(rid, [0.0, 0.0])
         got = rc.factors(rc.slots([rid]))[0, 1].item()
-        assert got == pytest.approx((a + PRIOR_TOKENS) / (e + PRIOR_TOKENS), rel=1e-5) and got > 0
+        assert got == pytest.approx(min(MAX_FACTOR, (a + PRIOR_TOKENS) / (e + PRIOR_TOKENS)), rel=1e-5) and got > 0
 
 
 def _stepper(**cfg) -> GraftStepper:
@@ -102,3 +105,4 @@ def test_the_flag_needs_the_cost_aware_budget():
         validate(GraftConfig(budget_mode="fixed", request_calibration="on"), num_nodes=8, num_steps=3, topk=1)
     with pytest.raises(ValueError, match="--speculative-graft-request-calibration must be one of"):
         validate(GraftConfig(request_calibration="yes"), num_nodes=8, num_steps=3, topk=1)
+

@@ -10,6 +10,7 @@ plain steps came to be decided after retrieval from the draft's first level (int
 decisions); plain steps (``plain_plan``, on in the two cost-aware traces) are among the recorded calls.
 The sync-free trace was re-recorded when its steps came to choose draft passes, budget and plain
 steps jointly from the lagged step's valuation by draft depth (an intended change; it has plain steps).
+Per-request calibration (``--speculative-graft-request-calibration``) is off by default and not in them.
 The device-side suffix chain (``--speculative-graft-suffix-chain``) is off by default and not in it.
 """
 
@@ -59,7 +60,7 @@ def _engine() -> Engine:
                   # whose steps commit no tokens)
                   # and a ragged step's tree width and rows (recorded before ragged steps: uniform trees)
                   # and the sync-free valuation by draft depth and the joint choice (recorded in tree-sync-free)
-                  # and the per-request calibration (added since; off by default, None in every trace)
+                  # and the per-request calibration's rows and factors (None where off)
                   added={"StepPlan": ("committed", "width", "rows", "planned_k", "planned_plain", "depth_rows",
                                       "request_slots", "request_factors"),
                          "PlainPlan": ("guarded", "committed", "depth_rows")},

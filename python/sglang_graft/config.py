@@ -52,7 +52,8 @@ SUFFIX_CHAIN_MODES = ("off", "on")
 # (remembered).
 LAGGED_DEPTH_MODES = ("newest", "remembered")
 # --speculative-graft-request-calibration: each request's own factor on the server-wide calibrated
-# acceptance of its draft and retrieved nodes (engine/request_calibration.py), or none.
+# acceptance of its draft and retrieved nodes (engine/request_calibration.py), or none (the default:
+# it did not pay on the report split, benchmark/RESULTS.md).
 REQUEST_CALIBRATION_MODES = ("off", "on")
 # --speculative-graft-plain-steps: where a cost-aware step may be decided plain (N = 1, the roots
 # verified alone): in batches of two or more requests (batched), in every batch (on), never (off).
@@ -244,9 +245,10 @@ _FLAGS: dict[str, dict[str, Any]] = {
                           "depth from the newest known step that valued it."),
     "request_calibration": dict(choices=REQUEST_CALIBRATION_MODES, help="Cost mode: on: each request's draft "
                                 "and retrieved nodes are valued at the server-wide calibrated acceptance times the "
-                                "request's own ratio of accepted to expected tokens so far (draft and retrieved "
-                                "nodes apart, 8 expected tokens of prior), so a request whose retrieved chains "
-                                "are paraphrased rather than copied stops paying for them; off: server-wide only."),
+                                "request's own ratio of accepted to expected tokens so far, at most 1 (draft and "
+                                "retrieved nodes apart, 8 expected tokens of prior), so a request whose candidates "
+                                "are accepted less often than the server's stops paying for them; off: server-wide "
+                                "only (the default: on the report split it was slower, RESULTS.md)."),
     "sync_free": dict(choices=SYNC_FREE_MODES, help="on: the decode step reads no device value on the host "
                       "(retrieval, draft depth and budget decided from results two steps old, retrieved trees "
                       "re-rooted on the device along the newest committed path; responses carry no per-request "
@@ -377,27 +379,7 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
         choices = spec.get("choices")
         if choices is not None and getattr(cfg, name) not in choices:
             raise ValueError(f"{flag_name(name)} must be one of {', '.join(choices)}, got {getattr(cfg, name)!r}")
-    if cfg.budget_mode == "cost" and cfg.placement != "root":
-        raise ValueError(f"{flag_name('placement')} {cfg.placement} needs {flag_name('budget_mode')} fixed "
-                         "(cost-aware steps retrieve under the root, before the draft)")
-    if cfg.budgets and (min(cfg.budgets) < 1 or max(cfg.budgets) != num_nodes):
-        raise ValueError(f"{flag_name('budgets')} must be >= 1 and end at --speculative-num-draft-tokens "
-                         f"{num_nodes}, got {list(cfg.budgets)}")
-    if cfg.sync_free == "on" and cfg.placement != "root":
-        raise ValueError(f"{flag_name('sync_free')} on needs {flag_name('placement')} root (retrieval under a "
-                         "draft node is proposed after the draft, from a host read)")
-    if cfg.sync_free == "on" and cfg.per_step_metrics:
-        raise ValueError(f"{flag_name('per_step_metrics')} reads each step's counts on the host; it needs "
-                         f"{flag_name('sync_free')} off")
-    if cfg.graph in ("on", "shadow") and cfg.placement != "root":
-        raise ValueError(f"{flag_name('graph')} {cfg.graph} needs {flag_name('placement')} root (retrieval under a "
-                         "draft node is proposed inside the tree build, from a host read)")
-    if cfg.ragged == "on" and (cfg.budget_mode != "cost" or cfg.sync_free == "on"):
-        raise ValueError(f"{flag_name('ragged')} on needs {flag_name('budget_mode')} cost and "
-                         f"{flag_name('sync_free')} off or auto (the budget is shared out by each step's node values)")
-    if cfg.request_calibration == "on" and cfg.budget_mode != "cost":
-        raise ValueError(f"{flag_name('request_calibration')} on needs {flag_name('budget_mode')} cost (the fixed "
-                         "budget does not value nodes)")
+    _validate_modes(cfg, num_nodes)
     if cfg.draft_lag < 0:
         raise ValueError(f"{flag_name('draft_lag')} must be >= 0 (0 = the draft extends after every plain step), "
                          f"got {cfg.draft_lag}")
@@ -451,6 +433,31 @@ def validate(cfg: GraftConfig, *, num_nodes: int, num_steps: int, topk: int) -> 
     except ValueError as e:
         raise ValueError(f"{flag_name('recycle_widths')} {list(cfg.recycle_widths)} with "
                          f"{flag_name('recycle_k')} {cfg.recycle_k}: {e}") from None
+
+
+def _validate_modes(cfg: GraftConfig, num_nodes: int) -> None:
+    """:func:`validate`'s checks of flags that need one another (a mode that needs another flag's value)."""
+    if cfg.budget_mode == "cost" and cfg.placement != "root":
+        raise ValueError(f"{flag_name('placement')} {cfg.placement} needs {flag_name('budget_mode')} fixed "
+                         "(cost-aware steps retrieve under the root, before the draft)")
+    if cfg.budgets and (min(cfg.budgets) < 1 or max(cfg.budgets) != num_nodes):
+        raise ValueError(f"{flag_name('budgets')} must be >= 1 and end at --speculative-num-draft-tokens "
+                         f"{num_nodes}, got {list(cfg.budgets)}")
+    if cfg.sync_free == "on" and cfg.placement != "root":
+        raise ValueError(f"{flag_name('sync_free')} on needs {flag_name('placement')} root (retrieval under a "
+                         "draft node is proposed after the draft, from a host read)")
+    if cfg.sync_free == "on" and cfg.per_step_metrics:
+        raise ValueError(f"{flag_name('per_step_metrics')} reads each step's counts on the host; it needs "
+                         f"{flag_name('sync_free')} off")
+    if cfg.graph in ("on", "shadow") and cfg.placement != "root":
+        raise ValueError(f"{flag_name('graph')} {cfg.graph} needs {flag_name('placement')} root (retrieval under a "
+                         "draft node is proposed inside the tree build, from a host read)")
+    if cfg.ragged == "on" and (cfg.budget_mode != "cost" or cfg.sync_free == "on"):
+        raise ValueError(f"{flag_name('ragged')} on needs {flag_name('budget_mode')} cost and "
+                         f"{flag_name('sync_free')} off or auto (the budget is shared out by each step's node values)")
+    if cfg.request_calibration == "on" and cfg.budget_mode != "cost":
+        raise ValueError(f"{flag_name('request_calibration')} on needs {flag_name('budget_mode')} cost (the fixed "
+                         "budget does not value nodes)")
 
 
 def resolve_draft_shape(num_steps: Optional[int], topk: Optional[int], num_nodes: Optional[int],

@@ -5,6 +5,7 @@
 * ``plans``: what they fill in (a speculative or a plain step's plan) and the step economy's counters;
 * ``retrieval_state``: each request's retrieval stores and the recycling matrix, fed by the worker;
 * ``budget``: the acceptance calibration, the step cost model and the budget rule;
+  ``request_calibration``: each request's own factors on the calibrated acceptance;
   ``step_timer``: a step's phase times, which the cost model learns from;
 * ``lagged``: the sync-free step's commit ring (results reach the host two calls later; committed
   tokens reach the device context of the ``suffix_chain`` source at once);
