@@ -34,7 +34,7 @@ SLOW_FLOOR_S = {floor!r}
 
 
 def _pin_step_costs(t={table!r}):
-    from sglang_graft.engine import budget, rate_guard
+    from sglang_graft.engine import budget, rate_guard, step_timer
 
     def step(self, *, bs, num_nodes, passes, plain=False, context=0):
         return ((0.0 if plain else t["fixed"] * bs) + passes * (t["pass"] + t["pass_per_request"] * bs)
@@ -44,14 +44,14 @@ def _pin_step_costs(t={table!r}):
     rate_guard.RateGuard.observe = lambda self, **step: None
 
     if {slow_verify!r} != 1.0:
-        close = budget.StepTimer._close
+        close = step_timer.StepTimer._close
 
         def slowed(self, times, total):  # x factor, plus a floor a check can see whatever the load
             extra = times.get("verify", 0.0) * ({slow_verify!r} - 1.0) + SLOW_FLOOR_S
             times["verify"] = times.get("verify", 0.0) + extra
             return close(self, times, total + extra)
 
-        budget.StepTimer._close = slowed
+        step_timer.StepTimer._close = slowed
 
 
 _pin_step_costs()
