@@ -274,6 +274,7 @@ def measure_level(name: str, srv, args: argparse.Namespace, dataset: Path, conc:
     block = (graft or {}).get("block")  # GRAFT's block mode (a DFlash draft): cumulative up to this level
     return {"method": name, "concurrency": conc, "num_prompts": n,
             "graft_block": block_summary(dict.fromkeys(block, 0), block) if block else None,
+            "graft_block_rate_guard": (graft or {}).get("rate_guard") if block else None,  # as published at the end
             "output_len_mode": args.output_len_mode, "mean_ttft_ms": r.get("mean_ttft_ms"),
             "mean_tpot_ms": r.get("mean_tpot_ms"), "total_output_tokens": r.get("total_output_tokens"),
             "output_throughput": r["output_throughput"],

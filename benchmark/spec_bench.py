@@ -283,10 +283,11 @@ def block_summary(before: dict, after: dict) -> dict:
     """The block mode over a run: draft tokens kept, slots grafted and block rows verified per
     request-step (a server without the rows counter: every row), the share of batch steps that ran no
     draft forward (retrieval's chains alone), and the host milliseconds per batch step of each phase
-    (draft forward, pick + prune + graft, verify, feed)."""
+    (draft forward, pick + prune + graft, verify, feed); of them the plain ones (the roots alone, by
+    the plain rate guard)."""
     d = {k: after.get(k, 0) - before.get(k, 0)
          for k in ("steps", "pruned_steps", "kept_tokens", "grafted_tokens", "verified_rows", "batch_steps",
-                   "undrafted_batch_steps", "draft_s", "graft_s", "verify_s", "feed_s")}
+                   "undrafted_batch_steps", "plain_batch_steps", "draft_s", "graft_s", "verify_s", "feed_s")}
     if "verified_rows" not in after:
         d["verified_rows"] = d["steps"] * after["block_size"]
     steps, batch_steps = max(d["steps"], 1), max(d["batch_steps"], 1)
@@ -294,6 +295,7 @@ def block_summary(before: dict, after: dict) -> dict:
             "kept_per_step": d["kept_tokens"] / steps, "grafted_per_step": d["grafted_tokens"] / steps,
             "verified_rows_per_step": d["verified_rows"] / steps,
             "undrafted_share": d["undrafted_batch_steps"] / batch_steps,
+            "plain_share": d["plain_batch_steps"] / batch_steps,
             "phase_ms_per_step": {p: 1e3 * d[f"{p}_s"] / batch_steps for p in ("draft", "graft", "verify", "feed")}}
 
 

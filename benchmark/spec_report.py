@@ -22,14 +22,15 @@ def render_block(block: dict) -> str:
     lines = ["", "GRAFT over a block draft: draft slots kept and grafted, and block rows verified (the root "
              "included), per request-step, and host ms per decode step by phase:", "",
              "| method | block | pruned | kept / step | grafted / step | rows verified / step | steps without a draft "
-             "| draft | graft | verify | feed |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| of them plain | draft | graft | verify | feed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, b in block.items():
         ms = b["phase_ms_per_step"]
-        rows, undrafted = b.get("verified_rows_per_step"), b.get("undrafted_share")
+        rows, undrafted, plain = b.get("verified_rows_per_step"), b.get("undrafted_share"), b.get("plain_share")
         lines.append(f"| {name} | {b['block_size']} | {b['pruned_share']:.0%} | {b['kept_per_step']:.2f} | "
                      f"{b['grafted_per_step']:.2f} | {'' if rows is None else f'{rows:.2f}'} | "
-                     f"{'' if undrafted is None else f'{undrafted:.0%}'} | {ms['draft']:.1f} | "
+                     f"{'' if undrafted is None else f'{undrafted:.0%}'} | {'' if plain is None else f'{plain:.0%}'} | "
+                     f"{ms['draft']:.1f} | "
                      f"{ms['graft']:.1f} | {ms['verify']:.1f} | {ms['feed']:.1f} |")
     return "\n".join(lines) + "\n"
 

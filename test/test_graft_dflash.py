@@ -13,7 +13,9 @@ root and retrieval fills it. The first server verifies whole blocks one request 
 batches, each block up to its grafted chain (the CPU default); the second keeps one draft token per
 block (one checkpoint at depth 0, threshold 1e-4), grafts after it (the re-rooted retrieval path) and
 verifies up to the chain at batch 1 too (``--speculative-graft-ragged on``); the third drafts nothing
-(``--speculative-graft-skip-draft-tokens 0``: every block holds its retrieved chain alone)."""
+(``--speculative-graft-skip-draft-tokens 0``: every block holds its retrieved chain alone). The rate
+guard's probes leave the draft out of one step in eight on every server here (the first with its
+timing pinned, so no rate is judged); the draft-or-not rule is tested on its own, its rates given."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import pytest
 import requests
 import torch
 
+from pinned_costs import pinned_env
 from server_utils import SGLangServer
 from tiny_models import DFLASH_BLOCK, DFLASH_RUN_PROMPT
 
@@ -56,8 +59,10 @@ def reference(plain_llama):
 
 
 @pytest.fixture(scope="module")
-def block_server(tiny_models, server_logs):
-    with SGLangServer(tiny_models["llama"], _args(tiny_models), log_path=server_logs / "graft-dflash.log") as srv:
+def block_server(tiny_models, server_logs, tmp_path_factory):
+    # the rate guard times no step (pinned_env), so its probes alone leave the draft out: one step in 8
+    with SGLangServer(tiny_models["llama"], _args(tiny_models), log_path=server_logs / "graft-dflash.log",
+                      env=pinned_env(tmp_path_factory.mktemp("pinned"))) as srv:
         yield srv
 
 
@@ -86,7 +91,9 @@ def test_token_exact_with_retrieval_and_draft_tokens_accepted(block_server, refe
     # the grafted chains' nodes taught the calibration what they are worth (none here alone expects 3 tokens)
     calibration = info["calibration"]
     assert sum(sum(c["shown"]) for name, c in calibration.items() if name != "draft") > 0, calibration
-    assert block["undrafted_batch_steps"] == 0, block
+    # none expects 3 tokens: only the rate guard's probes (one step in 8, its timing pinned) left the draft out
+    assert 0 < block["undrafted_batch_steps"] == block["guarded_batch_steps"] <= block["batch_steps"] // 8, block
+    assert info["rate_guard"] == {"draft": {}, "plain": {}}, info["rate_guard"]  # pinned: no rate judged
     # the phase clocks: one set per batch step (here one request a step), every phase timed
     assert 0 < block["batch_steps"] <= block["steps"]
     assert all(block[f"{phase}_s"] > 0 for phase in ("draft", "graft", "verify", "feed")), block
@@ -109,6 +116,8 @@ def test_batched_requests_are_token_exact_and_verified_up_to_their_chains(block_
     assert rows == steps + sum(m["graft_proposed"] for m in metas) < steps * DFLASH_BLOCK, (rows, steps)
     for meta in metas:
         assert meta["graft_proposed"] == meta["spec_num_proposed_drafts"] <= meta["spec_verify_ct"] * M, meta
+    # the plain guard's probes (one batch step in 8 of a bucket, timing pinned): the roots alone, one row each
+    assert after["plain_batch_steps"] > before["plain_batch_steps"], (before, after)
     assert after["batch_steps"] - before["batch_steps"] < steps  # the requests shared steps
 
 
@@ -157,9 +166,10 @@ def test_kept_prefix_then_graft_verified_up_to_the_chain(tiny_models, server_log
         info = _graft_info(srv)
     assert [o["output_ids"] for o in outs] == [reference[0], reference[3]]
     block = info["block"]
-    assert block["kept_tokens"] == block["steps"] > 0, block
+    drafted = block["steps"] - block["guarded_batch_steps"]  # one request a step; the rate guard's probes draft none
+    assert block["kept_tokens"] == drafted > 0 and block["guarded_batch_steps"] > 0, block
     assert block["verified_rows"] == block["steps"] + sum(o["meta_info"]["graft_proposed"] for o in outs)
-    assert 2 * block["steps"] <= block["verified_rows"] < block["steps"] * DFLASH_BLOCK, block  # root + kept, at least
+    assert 2 * drafted <= block["verified_rows"] < block["steps"] * DFLASH_BLOCK, block  # root + kept, at least
     for o in outs:  # SGLang counts the slots its acceptance saw (the cut positions are -1)
         assert o["meta_info"]["graft_proposed"] == o["meta_info"]["spec_num_proposed_drafts"], o["meta_info"]
     run = outs[0]["meta_info"]
@@ -456,6 +466,97 @@ def test_the_roots_are_asked_first_while_a_whole_batch_may_be_confident():
     assert not worker._worth_asking(7)  # 0.5 ** 7 = 0.008
     worker.block_counters.batch_steps = 16
     assert worker._worth_asking(7)  # one batch step in 16 asks anyway
+
+
+def _guarded_worker(verify_rows_from):
+    """A block worker with the decision's state only (no server), every measured input given:
+    retrieval's root chains (``worker.expected``: what each is expected to give) and the guards."""
+    from sglang_graft.engine.rate_guard import RateGuard
+    from sglang_graft.sglang.block_worker import GUARD_MIN_STEPS, BlockCounters, GraftDFlashWorker
+
+    worker = GraftDFlashWorker.__new__(GraftDFlashWorker)
+    worker.block_counters = BlockCounters()
+    worker.asked_requests = worker.confident_requests = 0
+    worker.graft_cfg = SimpleNamespace(skip_draft_tokens=3.0)
+    worker.block_size, worker.verify_rows_from, worker.all_reduce_sum = 4, verify_rows_from, None
+    worker.draft_guard, worker.plain_guard = RateGuard(min_steps=GUARD_MIN_STEPS), RateGuard(min_steps=GUARD_MIN_STEPS)
+    worker.chains = torch.tensor([[4, 5, 0]]), torch.tensor([[True, True, False]]), torch.zeros(1, 3, dtype=torch.int64)
+    worker.expected = 1.0
+    worker._root_chains = lambda step: (*worker.chains, torch.full((len(step.rids),), worker.expected))
+    return worker
+
+
+def _decide(worker, n, bs=1):
+    from sglang_graft.sglang.block_worker import BlockStep
+
+    steps = [BlockStep(rids=list(range(bs)), bonus=torch.ones(bs, dtype=torch.int64)) for _ in range(n)]
+    return steps, [worker._undrafted(step) for step in steps]
+
+
+def _publish(worker, bs, committed_by_kind, steps=4):
+    """``steps`` timed steps of each kind at ``bs`` (committed tokens in 0.1 s) then a publication."""
+    from sglang_graft.sglang.block_step import BlockStep
+
+    for kind, committed in committed_by_kind.items():
+        for _ in range(steps):
+            step = BlockStep(rids=list(range(bs)), bonus=torch.ones(bs, dtype=torch.int64),
+                             drafted=kind == "drafted", guarded=kind != "drafted", plain=kind == "plain")
+            worker._time_step(step, committed=committed, seconds=0.1)
+    worker.block_counters.batch_steps = 0  # a publishing step
+    worker._time_step(BlockStep(rids=[], bonus=None, drafted=False), committed=0, seconds=0.1)
+
+
+def test_the_draft_is_left_out_where_steps_with_it_realized_fewer_tokens_per_second():
+    """The block mode's draft-or-not decision (``_undrafted``), its measured inputs given, at batch 1
+    (whole blocks verified, so no plain guard): a batch whose every chain is confident leaves the draft
+    out for that reason (timed by no guard); otherwise the draft guard's probes leave it out one step
+    in 8 while the bucket's rate without it is unmeasured; once steps with the draft realized fewer
+    tokens per second than steps with the chains alone, 7 steps in 8 leave it out (the 8th drafts)."""
+    worker = _guarded_worker(verify_rows_from=2)
+    worker.expected = 3.0  # confident: left out for retrieval's confidence, not by a guard
+    (step,), (undrafted,) = _decide(worker, 1)
+    assert undrafted and not step.drafted and not step.guarded and torch.equal(step.chain, worker.chains[0])
+    worker._time_step(step, committed=4, seconds=0.1)
+    assert worker.draft_guard._rings.count.sum() == worker.plain_guard._rings.count.sum() == 0
+    worker.expected = 1.0
+    steps, undrafted = _decide(worker, 16)
+    assert [i + 1 for i, u in enumerate(undrafted) if u] == [8, 16]  # probes: the rate without the draft unknown
+    assert all(s.guarded == u and s.drafted != u and not s.plain for s, u in zip(steps, undrafted))
+    for step in steps[:8]:
+        worker._time_step(step, committed=2 if step.drafted else 3, seconds=0.1)
+    assert worker.draft_guard._rings.count[0].tolist() == [1, 7]  # bucket bs 1: chains alone 1, drafted 7
+    assert worker.plain_guard._rings.count[0].tolist() == [0, 7]  # the drafted steps: the kind preferred so far
+    _publish(worker, 1, {"drafted": 2, "chains": 3})  # 20 against 30 tokens per second
+    assert worker.draft_guard.speculation_loses(1) and not worker.plain_guard.speculation_loses(1)
+    steps, undrafted = _decide(worker, 16)
+    assert [i + 1 for i, u in enumerate(undrafted) if not u] == [8, 16]  # the draft guard's probes draft
+    assert all(s.guarded and not s.plain for s, u in zip(steps, undrafted) if u)
+    counted = worker.plain_guard._rings.count[0, 1]
+    for step in steps:  # drafting loses now: the plain guard times the chains' steps only
+        worker._time_step(step, committed=2, seconds=0.1)
+    assert worker.plain_guard._rings.count[0, 1] == counted + 14
+
+
+def test_a_step_is_plain_where_speculating_realized_fewer_tokens_per_second_than_plain_steps():
+    """Where blocks are cut after their rows (a batch of 2 here), the plain guard comes first: its probes
+    make one step in 8 plain (the roots alone: no chain, one verified row each) while plain steps are
+    unmeasured; once steps that speculated realized fewer tokens per second, 7 in 8 are plain. A
+    batch below the cut (here 1) is never plain: its whole block is verified anyway."""
+    worker = _guarded_worker(verify_rows_from=2)
+    worker.chains = tuple(t.expand(2, -1) for t in worker.chains)
+    steps, _ = _decide(worker, 16, bs=2)
+    assert [i + 1 for i, s in enumerate(steps) if s.plain] == [8, 16]
+    for step in steps:
+        if step.plain:
+            assert not step.drafted and step.guarded and not step.chain_valid.any() and step.chain.shape == (2, 3)
+    # step 8 was plain, so the draft guard's 8th ask is step 9
+    assert [i + 1 for i, s in enumerate(steps) if s.guarded and not s.plain] == [9]
+    _publish(worker, 2, {"drafted": 3, "chains": 3, "plain": 4})
+    assert worker.plain_guard.speculation_loses(2) and worker.plain_guard.speculation_loses(3)
+    steps, _ = _decide(worker, 16, bs=2)
+    assert [i + 1 for i, s in enumerate(steps) if not s.plain] == [8, 16]  # the plain guard's probes speculate
+    steps, _ = _decide(worker, 8, bs=1)
+    assert not any(s.plain for s in steps)
 
 
 def test_verify_rows_are_the_root_the_kept_prefix_and_the_grafted_chain():

@@ -366,8 +366,8 @@ def test_block_summary_is_the_runs_difference_per_step():
     assert b["kept_per_step"] == 2.0 and b["grafted_per_step"] == 1.0 and b["verified_rows_per_step"] == 8.0
     assert b["phase_ms_per_step"] == pytest.approx({"draft": 20.0, "graft": 5.0, "verify": 100.0, "feed": 1.0})
     assert b["undrafted_share"] == 0.0  # a server without the counter: every step drafted
-    assert "| GRAFT-DFlash | 8 | 50% | 2.00 | 1.00 | 8.00 | 0% | 20.0 | 5.0 | 100.0 | 1.0 |" in spec_report.render_block(
-        {"GRAFT-DFlash": b})
-    cut = spec_bench.block_summary({**before, "verified_rows": 80, "undrafted_batch_steps": 2},
-                                   {**after, "verified_rows": 150, "undrafted_batch_steps": 5})
-    assert cut["verified_rows_per_step"] == 3.5 and cut["undrafted_share"] == 0.3
+    row = "| GRAFT-DFlash | 8 | 50% | 2.00 | 1.00 | 8.00 | 0% | 0% | 20.0 | 5.0 | 100.0 | 1.0 |"
+    assert row in spec_report.render_block({"GRAFT-DFlash": b})
+    cut = spec_bench.block_summary({**before, "verified_rows": 80, "undrafted_batch_steps": 2, "plain_batch_steps": 1},
+                                   {**after, "verified_rows": 150, "undrafted_batch_steps": 5, "plain_batch_steps": 3})
+    assert cut["verified_rows_per_step"] == 3.5 and cut["undrafted_share"] == 0.3 and cut["plain_share"] == 0.2

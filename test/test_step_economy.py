@@ -687,6 +687,22 @@ def test_rate_guard_judges_a_bucket_by_realized_tokens_per_second():
         assert not g.speculation_loses(12) and g.speculation_loses(5)
 
 
+def test_plain_probes_measure_a_bucket_until_its_plain_rate_is_known_then_refresh_it():
+    """``probe_plain``'s docstring example: one step in ``probe_every`` of a bucket while it has
+    observed fewer than ``min_steps`` plain steps, then one in ``refresh_every``; buckets count apart."""
+    from sglang_graft.engine.rate_guard import RateGuard
+
+    g = RateGuard(window=32, min_steps=8, probe_every=8)
+    probes = []
+    for step in range(1, 257):
+        if g.probe_plain(3):  # bucket bs 2-3
+            probes.append(step)
+            g.observe(bs=3, plain=True, committed=3, seconds=0.1)
+    assert probes == [8, 16, 24, 32, 40, 48, 56, 64, 128, 192, 256]
+    assert [s for s in range(1, 17) if g.probe_plain(4)] == [8, 16]  # bucket bs 4-7: its own count
+    assert RateGuard(probe_every=8).probe_plain(1, refresh_every=64) is False  # the first step drafts
+
+
 def test_a_step_is_plain_where_speculation_realized_less():
     """The stepper plains a step, before valuing anything, in a batch-size bucket whose speculative
     steps committed fewer tokens per second than its plain ones (the worker's committed counts,

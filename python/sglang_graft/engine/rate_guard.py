@@ -18,6 +18,10 @@ Worked example: bucket of bs 4-7; plain steps 53 x (6 tokens, 0.12 s); speculati
 
 Rates are published at the steps the cost model publishes, summed over the tensor-parallel ranks
 (tokens are the same on every rank, seconds differ slightly), so every rank decides alike.
+
+A caller whose steps are never plain by their own choice (GRAFT's block mode: there "plain" is a
+step without a draft forward, its blocks holding retrieved chains alone) asks :meth:`probe_plain`
+which of its steps run plain so that both rates are measured.
 """
 
 from __future__ import annotations
@@ -36,12 +40,14 @@ class RateGuard:
     WINDOW = 32  # newest timed steps per bucket and kind
     MIN_STEPS = 8  # steps of each kind a bucket needs before it is judged
     PROBE_EVERY = 8  # of a judged bucket's steps where speculation loses, this one decides as usual
+    REFRESH_EVERY = 64  # probe_plain: once a bucket has MIN_STEPS plain steps, one step in this many
 
     def __init__(self, window: int = WINDOW, min_steps: int = MIN_STEPS, probe_every: int = PROBE_EVERY) -> None:
         self.window, self.min_steps, self.probe_every = window, min_steps, probe_every
         self._rings = _Rings((StepCost.BUCKETS, 2), window, 2)  # (tokens, seconds)
         self._rates: dict[tuple[int, int], float] = {}  # published: (bucket, kind) -> tokens per second
         self._losing = np.zeros(StepCost.BUCKETS, dtype=np.int64)  # steps met where speculation lost, per bucket
+        self._asked = np.zeros(StepCost.BUCKETS, dtype=np.int64)  # probe_plain's steps, per bucket
 
     def observe(self, *, bs: int, plain: bool, committed: int, seconds: float) -> None:
         """One timed decode step of ``bs`` requests that committed ``committed`` tokens in ``seconds``."""
@@ -83,6 +89,19 @@ class RateGuard:
         b = StepCost.bucket(bs)
         self._losing[b] += 1
         return self._losing[b] % self.probe_every != 0
+
+    def probe_plain(self, bs: int, refresh_every: int = REFRESH_EVERY) -> bool:
+        """Whether a step of ``bs`` requests, which speculation does not lose (ask
+        :meth:`plain_now` first), runs plain to measure its bucket's plain rate: one step in
+        ``probe_every`` while the bucket has observed fewer than ``min_steps`` plain steps, then one in
+        ``refresh_every`` (the rate stays current). Counts only: the same on every rank.
+
+        Example (``probe_every`` 8, ``min_steps`` 8): a new bucket's steps 8, 16, ..., 64 are plain;
+        with their 8 plain steps observed, steps 128, 192, ... are."""
+        b = StepCost.bucket(bs)
+        self._asked[b] += 1
+        every = self.probe_every if self._rings.count[b, 0] < self.min_steps else refresh_every
+        return bool(self._asked[b] % every == 0)
 
     def as_dict(self) -> dict:
         """``{"bs4": {"plain": tok/s, "speculative": tok/s}, ...}`` as published."""

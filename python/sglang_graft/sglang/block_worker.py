@@ -20,7 +20,17 @@ best chain under each request's root is valued with its sources' calibrated acce
 what the verifies accept of the grafted chains, as the EAGLE-3 step learns it); where every request's
 chain alone is expected to have ``--speculative-graft-skip-draft-tokens`` tokens accepted, the step
 runs no draft forward and no pick, and the blocks hold those chains (``undrafted_batch_steps`` in
-``/server_info``).
+``/server_info``). And where drafting does not pay for what it costs: two rate guards of the EAGLE-3
+step's kind (:class:`~sglang_graft.engine.rate_guard.RateGuard`) keep, per batch-size bucket, the
+tokens per second that steps realized. The draft guard compares steps with the draft against steps
+with retrieval's chains alone; where the drafted ones realized fewer, a step leaves the draft out.
+The plain guard, where blocks are cut after their rows (``--speculative-graft-ragged``), compares
+steps of the kind the draft guard prefers against plain ones (the roots alone: one verified row per
+request, a decode step); where plain ones realized more, a step is plain. Each guard keeps its
+losing kind measured (one step in eight takes it) and measures an unjudged bucket's plain kind (one
+step in eight until four are timed, then one in 64) (``guarded_batch_steps``, ``plain_batch_steps``,
+``rate_guard`` in ``/server_info``). Steps left to the chains by retrieval's confidence are timed by
+neither, so no guard compares confident steps with others.
 
 The draft conditions on the target's hidden states of committed tokens only, and the verify and
 acceptance rule are SGLang's, so replacing block tokens keeps the output the target's own: lossless
@@ -70,7 +80,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
 
@@ -80,80 +89,25 @@ from sglang_graft.engine.retrieval_state import GraftRetrieval
 from sglang_graft.sglang import seams
 from sglang_graft.config import flag_name
 from sglang_graft.engine.budget import AcceptanceCalibration
+from sglang_graft.engine.rate_guard import RateGuard
+from sglang_graft.engine.step import GraftStepper
 from sglang_graft.sglang.block_graft import (
     accepted_provenance, best_chain, chain_expected, chain_feedback, cut_after, depth_thresholds, graft_block,
     kept_lengths, verify_lengths,
 )
 from sglang_graft.sglang.launch_config import config_of
 from sglang_graft.sglang.block_pick import greedy_with_confidence
+from sglang_graft.sglang.block_step import BlockCounters, BlockStep
 from sglang_graft.sglang.sampling import torch_sampled_verify
-from sglang_graft.sglang.tp import tp_hash_check
+from sglang_graft.sglang.tp import tp_all_reduce, tp_hash_check
 
 logger = logging.getLogger(__name__)
 
 DFlashWorkerV2 = seams.DFLASH_WORKER.resolve()
 
-# Pruning stages reported per step (graft_stage): the block kept whole, or pruned (a graft attempted).
-KEPT_WHOLE, PRUNED = 0, 1
-
-
-@dataclass
-class BlockStep:
-    """One decode step's block, as the worker builds it (``bs`` requests, ``M = B - 1`` draft slots).
-
-    Attributes:
-        rids: the batch's request ids.
-        bonus: ``[bs] int64`` each block's column 0 (the last verified token, the root).
-        kept: ``[bs] int64`` draft tokens kept (:func:`block_graft.kept_lengths`).
-        block: ``[bs, M] int64`` the draft slots the target verifies.
-        retrieved: ``[bs, M] bool`` slots where a retrieved token replaced the draft's.
-        verify_lens: ``[bs] int64`` rows of each block verified, the root included
-            (:func:`block_graft.verify_lengths`), or None: every row.
-        started, picked, grafted: host clock at the step's start, the block's greedy pick and the
-            grafted block's return (:class:`BlockCounters`' phases).
-        drafted: whether the draft ran (False: retrieval's chains alone, see
-            :meth:`GraftDFlashWorker._retrieval_alone`).
-        chain_valid, chain_bins: ``[bs, M]`` the grafted chains (a prefix per row) and their nodes'
-            calibration bins (cost mode; None otherwise).
-    """
-
-    rids: list
-    bonus: torch.Tensor
-    kept: Optional[torch.Tensor] = None
-    block: Optional[torch.Tensor] = None
-    started: float = 0.0
-    picked: float = 0.0
-    grafted: float = 0.0
-    retrieved: Optional[torch.Tensor] = None
-    verify_lens: Optional[torch.Tensor] = None
-    drafted: bool = True
-    chain: Optional[torch.Tensor] = None
-    chain_valid: Optional[torch.Tensor] = None
-    chain_bins: Optional[torch.Tensor] = None
-
-
-@dataclass
-class BlockCounters:
-    """Block-mode numbers for ``/server_info`` (``graft.block``), summed over request-steps."""
-
-    steps: int = 0  # decode request-steps
-    pruned_steps: int = 0  # ... whose block was cut before its end
-    kept_tokens: int = 0  # draft tokens kept
-    grafted_tokens: int = 0  # slots where a retrieved token replaced the draft's
-    verified_rows: int = 0  # block rows the target verified, roots included (block size x steps: every row)
-    undrafted_batch_steps: int = 0  # batch steps whose blocks held retrieval's chains alone (no draft forward)
-    # host seconds of the decode batch-steps by phase (on a CPU the work itself; on CUDA its launches):
-    # draft = the step's start to the block's greedy pick (SGLang's draft forward), graft = the pick,
-    # pruning and retrieval, verify = from there to SGLang's step end (target verify, acceptance),
-    # feed = stores and recycling matrix fed afterwards
-    batch_steps: int = 0
-    draft_s: float = 0.0
-    graft_s: float = 0.0
-    verify_s: float = 0.0
-    feed_s: float = 0.0
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+# Timed steps of each kind a batch-size bucket needs before a block-mode guard judges it (the EAGLE-3
+# step's guard: 8): with one probe in 8 steps the first judgement comes after 32 steps of a bucket, not 64
+GUARD_MIN_STEPS = 4
 
 
 def _all_greedy(batch) -> bool:
@@ -182,6 +136,8 @@ class GraftDFlashWorker(DFlashWorkerV2):
     """``--speculative-algorithm GRAFT`` with a DFlash block draft: SGLang's DFLASH V2 worker whose
     block is pruned by its confidences and grafted with retrieved chains."""
 
+    PUBLISH_EVERY = GraftStepper.PUBLISH_EVERY  # the rate guards' rates are published every this many batch steps
+
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
         seams.check_hooks_applied()
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -200,6 +156,11 @@ class GraftDFlashWorker(DFlashWorkerV2):
         self.calibration = AcceptanceCalibration(self.device, sources=self.retrieval.sources) \
             if self.graft_cfg.budget_mode == "cost" else None
         self.asked_requests = self.confident_requests = 0  # requests whose root chain alone was valued / enough
+        # cost mode: tokens per second of batch steps with the draft against those with retrieval's chains
+        # alone (its "plain" kind), and of steps that speculated against plain ones (the roots alone)
+        self.draft_guard = RateGuard(min_steps=GUARD_MIN_STEPS) if self.calibration is not None else None
+        self.plain_guard = RateGuard(min_steps=GUARD_MIN_STEPS) if self.calibration is not None else None
+        self.all_reduce_sum = tp_all_reduce()
         sglang_sampling = bool(seams.DFLASH_SAMPLING_VERIFY.resolve()())
         # a CPU: SGLang's sampled verify, run with the kernel's torch twin (torch_sampled_verify)
         self.torch_sampling_verify = not sglang_sampling and seams.DFLASH_TREE_SAMPLING.resolve() is None \
@@ -242,8 +203,7 @@ class GraftDFlashWorker(DFlashWorkerV2):
             roots = bonus[torch.tensor(rows, device=bonus.device)].tolist()
             self.retrieval.add_roots([rids[i] for i in rows], roots)
         self._step = BlockStep(rids=rids, bonus=bonus, started=time.perf_counter())
-        undrafted = self.calibration is not None and self._worth_asking(len(rids)) \
-            and self._retrieval_alone(self._step)
+        undrafted = self.calibration is not None and self._undrafted(self._step)
         verify_input = seams.DFLASH_VERIFY_INPUT.resolve()
         try:
             with torch_sampled_verify(sampled, verifies=True), \
@@ -258,10 +218,14 @@ class GraftDFlashWorker(DFlashWorkerV2):
             raise seams.DFLASH_WORKER.error("the step did not pick its draft tokens through "
                                             "_greedy_sample_from_vocab_parallel_head; nothing was grafted")
         verified = time.perf_counter()
-        self._feed(batch, step, result)
+        committed = self._feed(batch, step, result)
         c = self.block_counters
         c.batch_steps += 1
         c.undrafted_batch_steps += not step.drafted
+        c.guarded_batch_steps += step.guarded
+        c.plain_batch_steps += step.plain
+        if self.draft_guard is not None:
+            self._time_step(step, committed, time.perf_counter() - step.started)
         c.draft_s += step.picked - step.started
         c.graft_s += step.grafted - step.picked
         c.verify_s += verified - step.grafted
@@ -330,30 +294,83 @@ class GraftDFlashWorker(DFlashWorkerV2):
             # every DFlashVerifyInput of this step (its one verify) declares them; removed at the step's end
             seams.DFLASH_VERIFY_INPUT.resolve().active_rows = lens_host
 
-    def _retrieval_alone(self, step: BlockStep) -> bool:
-        """Cost mode: whether every request's retrieved chain under its root alone is expected to have
-        ``--speculative-graft-skip-draft-tokens`` tokens accepted (its nodes' calibrated acceptance,
-        :func:`block_graft.chain_expected`), as the EAGLE-3 step drafts nothing for such a request.
-        Then the blocks hold those chains alone: no draft forward, no pick (one host read, the
-        decision; the chains go on ``step``)."""
+    def _undrafted(self, step: BlockStep) -> bool:
+        """Cost mode: whether this step leaves the draft out, its blocks holding retrieval's best chain
+        under each root, or the root alone (then on ``step``). In this order:
+
+        1. a plain step (the roots alone, one verified row per request: a decode step) where blocks are
+           cut after their rows (:meth:`_declare_rows`) and the plain guard says so: steps of the
+           kind the draft guard prefers realized fewer tokens per second than plain ones in this
+           batch size's bucket (:meth:`RateGuard.plain_now`), or the step measures plain steps
+           (:meth:`RateGuard.probe_plain`);
+        2. the chains alone where every request's chain is expected to have
+           ``--speculative-graft-skip-draft-tokens`` tokens accepted (valued where
+           :meth:`_worth_asking`), as the EAGLE-3 step drafts nothing for such a request;
+        3. the chains alone where the draft guard says so, alike: steps with the draft against steps
+           with the chains alone.
+
+        Steps left undrafted by a guard say ``step.guarded``. Host reads: the confidence decision,
+        where valued; counts and published rates otherwise, so every tensor-parallel rank decides alike."""
+        bs = len(step.rids)
+        if self.verify_rows_from is not None and bs >= self.verify_rows_from \
+                and _guard_says_plain(self.plain_guard, bs):
+            m = int(self.block_size) - 1
+            step.chain = torch.zeros((bs, m), dtype=torch.int64, device=step.bonus.device)
+            step.chain_valid = torch.zeros((bs, m), dtype=torch.bool, device=step.bonus.device)
+            step.chain_bins = torch.zeros_like(step.chain)
+            step.drafted, step.guarded, step.plain = False, True, True
+            return True
+        chains = None
+        if self._worth_asking(bs):
+            chains = self._root_chains(step)
+            expected = chains[3]
+            confident = int((expected >= self.graft_cfg.skip_draft_tokens).sum())
+            self.asked_requests += bs
+            self.confident_requests += confident
+            if confident == bs:
+                step.chain, step.chain_valid, step.chain_bins = chains[:3]
+                step.drafted = False
+                return True
+        if not _guard_says_plain(self.draft_guard, bs):
+            return False
+        step.chain, step.chain_valid, step.chain_bins = (chains or self._root_chains(step))[:3]
+        step.drafted, step.guarded = False, True
+        return True
+
+    def _root_chains(self, step: BlockStep):
+        """Retrieval's best chain under each request's root: ``chain``, ``valid`` and the nodes'
+        calibration ``bins`` ``[bs, M]``, and ``expected [bs]`` tokens accepted of it (its nodes'
+        calibrated acceptance, :func:`block_graft.chain_expected`)."""
         m = int(self.block_size) - 1
         scopes = self.retrieval.scope_index(step.rids)
         proposals, bins = self.retrieval.propose_scored(step.rids, step.bonus, scopes, self.calibration)
         chain, valid, index = best_chain(proposals, m)
         chain_bins = bins.gather(1, index.clamp(min=0))
-        expected = chain_expected(self.calibration.probability(chain_bins), valid)
-        confident = int((expected >= self.graft_cfg.skip_draft_tokens).sum())
-        self.asked_requests += len(step.rids)
-        self.confident_requests += confident
-        if confident < len(step.rids):
-            return False
-        step.drafted, step.chain, step.chain_valid, step.chain_bins = False, chain, valid, chain_bins
-        return True
+        return chain, valid, chain_bins, chain_expected(self.calibration.probability(chain_bins), valid)
+
+    def _time_step(self, step: BlockStep, committed: int, seconds: float) -> None:
+        """The guards' observations of this batch step. The draft guard: a step with the draft
+        (speculative) or left to the chains by it (plain). The plain guard: a plain step (plain) or
+        a step of the kind the draft guard prefers now (speculative: with the draft unless drafting
+        loses; the other kind's probes would make speculating look worse than it is where chosen).
+        A step left to the chains by retrieval's confidence is timed by neither (only confident steps
+        are, so it would flatter the steps without the draft). Rates published every
+        ``PUBLISH_EVERY`` batch steps, summed over the ranks."""
+        bs = len(step.rids)
+        if step.plain:
+            self.plain_guard.observe(bs=bs, plain=True, committed=committed, seconds=seconds)
+        elif step.drafted or step.guarded:
+            self.draft_guard.observe(bs=bs, plain=not step.drafted, committed=committed, seconds=seconds)
+            if step.drafted != self.draft_guard.speculation_loses(bs):
+                self.plain_guard.observe(bs=bs, plain=False, committed=committed, seconds=seconds)
+        if self.block_counters.batch_steps % self.PUBLISH_EVERY == 0:
+            self.draft_guard.publish(self.all_reduce_sum)
+            self.plain_guard.publish(self.all_reduce_sum)
 
     def _worth_asking(self, bs: int) -> bool:
-        """Whether asking retrieval at the roots before the draft may pay (:meth:`_retrieval_alone`
-        leaves the draft out only where every request of the batch is confident): always at batch
-        1 and until 32 requests have been valued; later, one batch step in 16, and whenever the share
+        """Whether asking retrieval at the roots before the draft may pay (for its confidence,
+        :meth:`_undrafted` leaves the draft out only where every request of the batch is confident):
+        always at batch 1 and until 32 requests have been valued; later, one batch step in 16, and whenever the share
         of requests found confident so far, to the power of the batch size, is at least 1 %. (Under load on
         the report split no batch of 8 or 16 was ever all confident.) Counts only: every
         tensor-parallel rank decides alike."""
@@ -389,9 +406,10 @@ class GraftDFlashWorker(DFlashWorkerV2):
             candidates = cut_after(candidates, step.verify_lens)
         return super()._accept_block(candidates=candidates, **kwargs)
 
-    def _feed(self, batch, step: BlockStep, result) -> None:
+    def _feed(self, batch, step: BlockStep, result) -> int:
         """Committed tokens -> stores, the verified block's logits -> recycling matrix, provenance
-        of the accepted tokens -> counters and each response (``customized_info``)."""
+        of the accepted tokens -> counters and each response (``customized_info``); returns the
+        tokens the batch committed."""
         bs, m = step.block.shape
         commit_lens = result.accept_lens.to(torch.int64).view(-1)
         out = result.next_token_ids.to(torch.int64).view(bs, m + 1)
@@ -425,6 +443,14 @@ class GraftDFlashWorker(DFlashWorkerV2):
             lo.customized_info = {**(lo.customized_info or {}), "graft_stage": stage,
                                   "graft_retrieved_accepted": retrieved, "graft_draft_accepted": drafted,
                                   "graft_proposed": proposed, "graft_verify": [verify] * bs}
+        return sum(row[0] for row in host)
+
+
+def _guard_says_plain(guard: RateGuard, bs: int) -> bool:
+    """Whether ``guard`` makes a step of ``bs`` requests its plain kind: where its speculative kind
+    loses, but for its probes (:meth:`RateGuard.plain_now`); elsewhere its probes of the plain kind
+    (:meth:`RateGuard.probe_plain`)."""
+    return guard.plain_now(bs) if guard.speculation_loses(bs) else guard.probe_plain(bs)
 
 
 def _verify_rows_from(cfg, device) -> Optional[int]:
@@ -456,6 +482,8 @@ def server_counters() -> Optional[dict]:
     return {**retrieval.counters.as_dict(), **retrieval.store_usage(), "draft": "dflash",
             "tp_checks": worker.tp_check.checks,
             "calibration": worker.calibration.as_dict() if worker.calibration is not None else None,
+            "rate_guard": None if worker.draft_guard is None else {
+                "draft": worker.draft_guard.as_dict(), "plain": worker.plain_guard.as_dict()},
             "block": {"block_size": int(worker.block_size), "thresholds_by_depth": worker.thresholds.tolist(),
                       **worker.block_counters.as_dict()},
             "config": dataclasses.asdict(worker.graft_cfg)}
