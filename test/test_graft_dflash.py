@@ -14,8 +14,10 @@ batches, each block up to its grafted chain (the CPU default); the second keeps 
 block (one checkpoint at depth 0, threshold 1e-4), grafts after it (the re-rooted retrieval path) and
 verifies up to the chain at batch 1 too (``--speculative-graft-ragged on``); the third drafts nothing
 (``--speculative-graft-skip-draft-tokens 0``: every block holds its retrieved chain alone). The rate
-guard's probes leave the draft out of one step in eight on every server here (the first with its
-timing pinned, so no rate is judged); the draft-or-not rule is tested on its own, its rates given."""
+guard's probes leave the draft out of one step in eight on every server here (timing pinned where
+the counts are asserted, so no rate is judged); the draft-or-not rule is tested on its own, its rates
+given. A fourth server verifies whole blocks in batches too (``--speculative-graft-ragged off``: the
+block mode as a CUDA target resolves it)."""
 
 from __future__ import annotations
 
@@ -154,19 +156,20 @@ def test_edge_requests(block_server, plain_llama, reference):
 
 
 @pytest.mark.server
-def test_kept_prefix_then_graft_verified_up_to_the_chain(tiny_models, server_logs, reference):
+def test_kept_prefix_then_graft_verified_up_to_the_chain(tiny_models, server_logs, reference, tmp_path_factory):
     """One checkpoint at depth 0, threshold 1e-4: the first draft token of every block is kept
     (7e-4), the rest grafted after it (retrieval re-rooted along the kept token); with
     ``--speculative-graft-ragged on`` a single request's block is verified up to its chain (the root,
     the kept token and the grafted tokens), the acceptance stopping there."""
     args = _args(tiny_models, "--speculative-graft-checkpoint-depths", "0", "--speculative-graft-thresholds", "0.0001",
                  "--speculative-graft-ragged", "on")
-    with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "graft-dflash-kept.log") as srv:
+    with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "graft-dflash-kept.log",
+                      env=pinned_env(tmp_path_factory.mktemp("pinned-kept"))) as srv:
         outs = [srv.generate_ids(p, NEW_TOKENS) for p in (PROMPTS[0], PROMPTS[3])]
         info = _graft_info(srv)
     assert [o["output_ids"] for o in outs] == [reference[0], reference[3]]
     block = info["block"]
-    drafted = block["steps"] - block["guarded_batch_steps"]  # one request a step; the rate guard's probes draft none
+    drafted = block["steps"] - block["guarded_batch_steps"]  # one request a step; the draft guard's probes draft none
     assert block["kept_tokens"] == drafted > 0 and block["guarded_batch_steps"] > 0, block
     assert block["verified_rows"] == block["steps"] + sum(o["meta_info"]["graft_proposed"] for o in outs)
     assert 2 * drafted <= block["verified_rows"] < block["steps"] * DFLASH_BLOCK, block  # root + kept, at least
@@ -174,6 +177,32 @@ def test_kept_prefix_then_graft_verified_up_to_the_chain(tiny_models, server_log
         assert o["meta_info"]["graft_proposed"] == o["meta_info"]["spec_num_proposed_drafts"], o["meta_info"]
     run = outs[0]["meta_info"]
     assert run["graft_draft_accepted"] > 0 and run["graft_retrieved_accepted"] > 0, run
+
+
+@pytest.mark.server
+def test_batched_whole_blocks_as_cuda_resolves_them(tiny_models, server_logs, reference, tmp_path_factory):
+    """The block mode as a CUDA target resolves it, forced on a CPU: ``--speculative-graft-ragged
+    off`` verifies every row of every block in batches too (SGLang's DFLASH verify has no
+    per-request length there), so the plain guard never acts and only the draft guard's probes
+    (timing pinned) leave the draft out. Token-exact batched; whole blocks; retrieved tokens
+    accepted on the loops."""
+    args = _args(tiny_models, "--speculative-graft-ragged", "off")
+    with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "graft-dflash-whole.log",
+                      env=pinned_env(tmp_path_factory.mktemp("pinned-whole"))) as srv:
+        with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            outs = list(pool.map(lambda p: srv.generate_ids(p, NEW_TOKENS), PROMPTS))
+        info = _graft_info(srv)
+    assert [o["output_ids"] for o in outs] == reference
+    block = info["block"]
+    assert block["verified_rows"] == block["steps"] * DFLASH_BLOCK, block
+    assert block["plain_batch_steps"] == 0 and block["batch_steps"] < block["steps"], block  # batched, never plain
+    # the draft guard's probes (steps 8, 16, ... of a bucket): the draft left out; retrieval's confidence may add more
+    assert 0 < block["guarded_batch_steps"] <= min(block["undrafted_batch_steps"], block["batch_steps"] // 8), block
+    assert info["rate_guard"] == {"draft": {}, "plain": {}}, info["rate_guard"]
+    metas = [o["meta_info"] for o in outs]
+    for meta in metas:
+        assert meta["graft_proposed"] == meta["spec_verify_ct"] * M == meta["spec_num_proposed_drafts"], meta
+    assert sum(m["graft_retrieved_accepted"] for m in metas[2:]) > 0
 
 
 @pytest.mark.server

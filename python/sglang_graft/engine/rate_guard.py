@@ -19,9 +19,11 @@ Worked example: bucket of bs 4-7; plain steps 53 x (6 tokens, 0.12 s); speculati
 Rates are published at the steps the cost model publishes, summed over the tensor-parallel ranks
 (tokens are the same on every rank, seconds differ slightly), so every rank decides alike.
 
-A caller whose steps are never plain by their own choice (GRAFT's block mode: there "plain" is a
-step without a draft forward, its blocks holding retrieved chains alone) asks :meth:`probe_plain`
-which of its steps run plain so that both rates are measured.
+A caller whose steps are never plain by their own choice asks :meth:`probe_plain` which of its steps
+run plain so that both rates are measured. GRAFT's block mode keeps two guards of this kind: in its
+draft guard "plain" is a step without a draft forward, its blocks holding retrieved chains alone; in
+its plain guard "speculative" is the kind the draft guard prefers and "plain" a step verifying the
+roots alone, one row per request (``sglang/block_worker.py``).
 """
 
 from __future__ import annotations
