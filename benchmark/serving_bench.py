@@ -66,7 +66,7 @@ import prompt_sets  # noqa: E402
 import requests  # noqa: E402
 from plotting import pyplot  # noqa: E402
 from local_server import SERVER_ENV, SGLangServer  # noqa: E402
-from spec_bench import ADAPTIVE, CHAIN, block_summary  # noqa: E402
+from spec_bench import ADAPTIVE, CHAIN, PLAIN_BLOCK, block_summary, plain_block_env  # noqa: E402
 from spec_report import render_block, render_economy  # noqa: E402
 
 METHODS = {
@@ -213,6 +213,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--disjoint-levels", action="store_true",
                     help="each concurrency level serves its own prompts (no prompt at two levels): a method with a "
                     "cache shared across requests (NGRAM) would otherwise replay outputs of earlier levels")
+    ap.add_argument("--plain-block-steps", action="store_true",
+                    help=f"add {PLAIN_BLOCK}: GRAFT-DFlash whose every batch step of 2+ requests verifies the roots "
+                         "alone (a study of what a plain block step costs against a plain decode step)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE ARGS",
                     help="another method: BASE's server flags with ARGS added (repeatable)")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "serving")
@@ -238,6 +241,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [m for m in names if m not in table]
     if unknown:
         sys.exit(f"--methods: unknown {unknown}; choose from {', '.join(table)}")
+    args.envs = {}
+    if args.plain_block_steps:
+        if "GRAFT-DFlash" not in table:
+            sys.exit("--plain-block-steps: needs a block draft (--block-draft, or the target's committed one)")
+        args.table[PLAIN_BLOCK] = table["GRAFT-DFlash"]
+        args.envs[PLAIN_BLOCK] = plain_block_env(args.out / "plain_block_site")
+        names.append(PLAIN_BLOCK)
     for spec in args.variant:
         name, _, rest = spec.partition("=")
         base, *extra = rest.split()
@@ -294,7 +304,8 @@ def measure(names: list[str], args: argparse.Namespace, datasets: dict[int, Path
     levels = list(zip(args.concurrency, args.prompts_per_level))
     if not args.interleave:
         for name in names:
-            with SGLangServer(args.model, server_args(name, args), log_path=args.out / f"{name}.log") as srv:
+            with SGLangServer(args.model, server_args(name, args), log_path=args.out / f"{name}.log",
+                              env=args.envs.get(name)) as srv:
                 srv.generate_ids([1, 2, 3, 4], 8)  # warm-up
                 results += [measure_level(name, srv, args, datasets[c], c, n, economy) for c, n in levels]
         return results, economy
@@ -302,7 +313,8 @@ def measure(names: list[str], args: argparse.Namespace, datasets: dict[int, Path
         servers = {}
         for name in names:
             servers[name] = stack.enter_context(
-                SGLangServer(args.model, server_args(name, args), log_path=args.out / f"{name}.log"))
+                SGLangServer(args.model, server_args(name, args), log_path=args.out / f"{name}.log",
+                             env=args.envs.get(name)))
             servers[name].generate_ids([1, 2, 3, 4], 8)  # warm-up
         for i, (c, n) in enumerate(levels):
             for name in names[i % len(names):] + names[:i % len(names)]:

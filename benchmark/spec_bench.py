@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 
 import requests
@@ -277,6 +278,24 @@ def _block_counters(srv) -> dict | None:
     """GRAFT's block-mode counters (a DFlash draft) from ``/server_info``, or None for other methods."""
     info = requests.get(srv.url + "/server_info", timeout=60).json()["internal_states"][0]
     return (info.get("graft") or {}).get("block")
+
+
+PLAIN_BLOCK = "GRAFT-DFlash-plain"  # a study's method: GRAFT-DFlash whose batch steps verify the roots alone
+_PLAIN_BLOCK_SITE = """from sglang_graft.engine.rate_guard import RateGuard
+RateGuard.speculation_loses = lambda self, bs: True
+RateGuard.plain_now = lambda self, bs: True
+"""
+
+
+def plain_block_env(directory: Path) -> dict:
+    """Environment entries of a :data:`PLAIN_BLOCK` server: a ``sitecustomize`` (written to
+    ``directory``) makes every rate guard judge speculation lost, probes included, so each batch step
+    of two or more requests is plain (the roots alone, where the CPU default cuts blocks) and a
+    single request's step holds retrieval's chains without the draft: a plain block step set beside
+    a plain decode step."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sitecustomize.py").write_text(_PLAIN_BLOCK_SITE)
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH", "")) if p)}
 
 
 def block_summary(before: dict, after: dict) -> dict:

@@ -588,6 +588,24 @@ def test_a_step_is_plain_where_speculating_realized_fewer_tokens_per_second_than
     assert not any(s.plain for s in steps)
 
 
+def test_plain_steps_are_compared_with_the_kind_a_step_would_now_take():
+    """The plain guard's speculative steps are those of the kind the draft guard prefers; where that
+    preference changes (drafting loses to the chains alone), the drafted steps it timed are forgotten,
+    so plain steps (30 tokens a second here) are not judged against the dropped drafted ones (20) but
+    against the chains' (40), and the batch steps speculate."""
+    worker = _guarded_worker(verify_rows_from=2)
+    worker.chains = tuple(t.expand(2, -1) for t in worker.chains)
+    _publish(worker, 2, {"drafted": 2, "plain": 3})  # the draft guard has no chains steps yet: drafting preferred
+    assert worker.plain_guard.speculation_loses(2) and not worker.draft_guard.speculation_loses(2)
+    _publish(worker, 2, {"chains": 4})  # drafting loses now: the plain guard's drafted steps are dropped
+    assert worker.draft_guard.speculation_loses(2) and not worker.plain_guard.speculation_loses(2)
+    assert worker.plain_guard._rings.count[1].tolist() == [4, 0]  # bucket bs 2-3: plain, speculative
+    _publish(worker, 2, {"chains": 4})  # timed by the plain guard as its speculative kind
+    assert worker.plain_guard.as_dict()["bs2"] == {"plain": 30.0, "speculative": 40.0}
+    steps, _ = _decide(worker, 8, bs=2)
+    assert not any(s.plain for s in steps) and sum(s.drafted for s in steps) == 1  # the draft guard's probe
+
+
 def test_verify_rows_are_the_root_the_kept_prefix_and_the_grafted_chain():
     """The docstring example of ``verify_lengths``, and SGLang's greedy chain acceptance on a block
     cut after its verified rows: it stops within them whatever the target chose past them, and the

@@ -703,6 +703,28 @@ def test_plain_probes_measure_a_bucket_until_its_plain_rate_is_known_then_refres
     assert RateGuard(probe_every=8).probe_plain(1, refresh_every=64) is False  # the first step drafts
 
 
+def test_a_forgotten_kind_leaves_its_bucket_unjudged_until_new_steps_are_published():
+    """``losing`` is ``speculation_loses`` per bucket; ``forget`` drops one kind of one bucket, rings
+    and published rate, and the bucket is judged again once ``min_steps`` new steps are published."""
+    from sglang_graft.engine.rate_guard import RateGuard
+
+    g = RateGuard(window=32, min_steps=4)
+    for bs, spec_tokens in ((2, 2), (8, 5)):  # bucket 1 (bs 2-3) loses, bucket 3 (bs 8-15) does not
+        for _ in range(4):
+            g.observe(bs=bs, plain=True, committed=3 if bs == 2 else 4, seconds=0.1)
+            g.observe(bs=bs, plain=False, committed=spec_tokens, seconds=0.1)
+    g.publish()
+    assert np.nonzero(g.losing())[0].tolist() == [1] and g.speculation_loses(3) and not g.speculation_loses(8)
+    g.forget(1, plain=False)
+    assert not g.losing().any() and not g.speculation_loses(2)  # at once, before any publication
+    g.publish()
+    assert not g.speculation_loses(2) and g.as_dict()["bs2"] == {"plain": 30.0}
+    for _ in range(4):
+        g.observe(bs=2, plain=False, committed=4, seconds=0.1)
+    g.publish()
+    assert g.as_dict()["bs2"] == {"plain": 30.0, "speculative": 40.0} and not g.speculation_loses(2)
+
+
 def test_a_step_is_plain_where_speculation_realized_less():
     """The stepper plains a step, before valuing anything, in a batch-size bucket whose speculative
     steps committed fewer tokens per second than its plain ones (the worker's committed counts,

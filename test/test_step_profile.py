@@ -41,3 +41,31 @@ def test_a_plain_servers_extend_is_its_prefill():
     assert step_profile.classify(frames, "GRAFT") == "draft forward"  # no verify above it
     decode = ["scheduler.py:run_batch", "model_runner.py:ModelRunner.forward", "linear.py:_product"]
     assert step_profile.classify(decode, "none") == "linear"
+
+
+def test_a_block_drafts_samples_are_sorted_by_where_its_step_is(tmp_path):
+    """A DFlash worker's step is one function: its frame's line says prefill or decode, the frames
+    under it which part of the decode step."""
+    end = step_profile._prefill_end_line()
+    step = f"GraftDFlashWorker.forward_batch_generation (block_worker.py:200);" \
+           f"DFlashWorkerV2.forward_batch_generation (/x/dflash_worker_v2.py:{{line}})"
+    target = "TpModelWorker.forward_batch_generation (tp_worker.py:1);ModelRunner.forward (model_runner.py:6)"
+    raw = "\n".join([
+        f"{LOOP};{step.format(line=end - 40)};{target} 7",  # the prompt's forward
+        f"{LOOP};{step.format(line=end - 30)};_append_target_hidden_to_draft_kv_by_loc (dflash_worker_v2.py:9) 1",
+        f"{LOOP};{step.format(line=end + 400)};{target};_product (/x/linear.py:9) 5",
+        f"{LOOP};{step.format(line=end + 400)};{target};RadixAttention.forward (radix_attention.py:10) 3",
+        f"{LOOP};{step.format(line=end + 400)};{target};forward (layernorm.py:12) 2",
+        f"{LOOP};{step.format(line=end + 200)};ModelRunner.forward (model_runner.py:6) 4",  # the draft model
+        f"{LOOP};{step.format(line=end + 300)};GraftDFlashWorker._greedy_sample_from_vocab_parallel_head "
+        "(block_worker.py:240);greedy_with_confidence (block_pick.py:30) 6",  # the pick
+        f"{LOOP};{step.format(line=end + 300)};GraftDFlashWorker._greedy_sample_from_vocab_parallel_head "
+        "(block_worker.py:240);GraftDFlashWorker._graft (block_worker.py:270) 8",  # retrieval and pruning
+        f"{LOOP};{step.format(line=end + 500)};_append_target_hidden_to_draft_kv_by_loc (dflash_worker_v2.py:9) 9",
+        "recv_requests (scheduler.py:15) 1",
+    ])
+    path = tmp_path / "block.raw"
+    path.write_text(raw)
+    assert step_profile.parts(path, "GRAFT-DFlash-plain") == {
+        "prefill": 8, "linear": 5, "attention": 3, "forward rest": 2, "draft forward": 10, "draft KV append": 9,
+        "step logic": 8, "idle and other processes": 1}

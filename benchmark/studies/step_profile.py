@@ -20,6 +20,16 @@ py-spy itself takes CPU time (on a 2-core host, from the servers it samples), an
 slow the most, so the table says where time goes, not how fast a method runs: ``spec_bench.py``
 says that. Its sampling rate is ``--rate``.
 
+Block drafts (``DFLASH``, ``GRAFT-DFlash``: ``--block-draft``, by default the target's committed
+one) run their whole step inside the DFlash worker's ``forward_batch_generation``; their samples
+are sorted by where that frame is: before the prefill branch returns (``prefill``), in the target's
+verify (``linear``, ``attention``, ``forward rest``), in the draft model's forward and the block's
+pick through the lm_head (``draft forward``), in the target's hidden states appended to the draft
+KV (``draft KV append``), elsewhere (``step logic``: retrieval, pruning, acceptance, bookkeeping).
+``--plain-block-steps`` adds ``GRAFT-DFlash-plain``, whose every batch step of two or more requests
+verifies the roots alone (``spec_bench.plain_block_env``), to set a plain block step beside a plain
+decode step.
+
 With ``--concurrency C`` each method serves all prompts at once, ``C`` requests in flight, before the
 next method takes its turn (the servers admit ``C`` requests and hold ``--max-total-tokens`` of KV, as
 ``serving_bench.py`` does); a decode step then serves a batch, so only the ms per decoded token
@@ -52,8 +62,43 @@ import build_smollm2  # noqa: E402
 import prompt_sets  # noqa: E402
 import spec_bench  # noqa: E402
 
-PARTS = ("prefill", "linear", "attention", "forward rest", "draft forward", "step logic", "idle and other processes")
-STEP = ("linear", "attention", "forward rest", "draft forward", "step logic")  # a decode step's parts
+PARTS = ("prefill", "linear", "attention", "forward rest", "draft forward", "draft KV append", "step logic",
+         "idle and other processes")
+STEP = ("linear", "attention", "forward rest", "draft forward", "draft KV append", "step logic")  # a decode step's
+BLOCK_PREFIXES = ("DFLASH", "GRAFT-DFlash")  # methods drafting with a DFlash block draft
+DFLASH_FILE = "dflash_worker_v2.py"
+def _prefill_end_line() -> int:
+    """The line of SGLang's DFlash ``forward_batch_generation`` where its prefill branch ends (the
+    prefill's next draft input is made): frames of that function at or above it are a prefill's."""
+    import inspect
+
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    lines, first = inspect.getsourcelines(DFlashWorkerV2.forward_batch_generation)
+    return first + next(i for i, line in enumerate(lines) if "_make_next_draft_input_prefill(" in line)
+
+
+def classify_block(frames: list[str], prefill_end: int) -> str:
+    """:func:`classify` for a block draft's server; ``frames`` keep their line (``file.py:func:line``)."""
+    stack = ";".join(frames)
+    if "run_batch" not in stack:
+        return "idle and other processes"
+    step = [f for f in frames if f.startswith(f"{DFLASH_FILE}:") and "forward_batch_generation:" in f]
+    if not step:
+        return "step logic"
+    if int(step[-1].rsplit(":", 1)[1]) <= prefill_end:
+        return "prefill"
+    if "_append_target_hidden" in stack:
+        return "draft KV append"
+    if "ModelRunner.forward" in stack:
+        if "TpModelWorker.forward_batch_generation" not in stack:
+            return "draft forward"
+        if "linear.py:_product" in stack:
+            return "linear"
+        return "attention" if "RadixAttention.forward" in stack else "forward rest"
+    if "block_pick.py:greedy_with_confidence" in stack or ("_greedy_sample_from_vocab_parallel_head" in stack
+                                                           and "graft" not in stack):
+        return "draft forward"
+    return "step logic"
 
 
 def classify(frames: list[str], method: str) -> str:
@@ -75,19 +120,25 @@ def classify(frames: list[str], method: str) -> str:
     return "forward rest"
 
 
-def _frame(f: str) -> str:
-    """``func (path:line)`` -> ``file.py:func`` (py-spy's raw format)."""
+def _frame(f: str, line: bool = False) -> str:
+    """``func (path:line)`` -> ``file.py:func`` (py-spy's raw format), ``file.py:func:line`` with ``line``."""
     f = f.strip()
     func, _, where = f.partition(" (")
-    return f"{Path(where.split(':')[0]).name}:{func}" if where else f
+    if not where:
+        return f
+    path, _, number = where.rstrip(")").rpartition(":")
+    return f"{Path(path).name}:{func}" + (f":{number}" if line else "")
 
 
 def parts(raw: Path, method: str) -> Counter:
+    block = method.startswith(BLOCK_PREFIXES)
+    prefill_end = _prefill_end_line() if block else 0
     out = Counter()
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if stack:
-            out[classify([_frame(f) for f in stack.split(";")], method)] += int(count)
+            frames = [_frame(f, line=block) for f in stack.split(";")]
+            out[classify_block(frames, prefill_end) if block else classify(frames, method)] += int(count)
     return out
 
 
@@ -138,6 +189,12 @@ def main() -> None:
     ap.add_argument("--max-total-tokens", type=int, default=8192, help="KV pool with --concurrency above 1")
     ap.add_argument("--py-spy", dest="spy", default=str(Path(sys.executable).with_name("py-spy")),
                     help="py-spy binary (default: beside this Python, scripts/install_bench.sh installs it)")
+    ap.add_argument("--block-draft", type=Path, help="DFlash block draft of DFLASH and GRAFT-DFlash (default: the "
+                    "target's committed one)")
+    ap.add_argument("--plain-block-steps", action="store_true",
+                    help="add GRAFT-DFlash-plain: every batch step of 2+ requests verifies the roots alone")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE ARGS",
+                    help="a method with server flags added (as spec_bench.py's)")
     ap.add_argument("--json", type=Path, default=HERE / "out" / "step_profile.json")
     args = ap.parse_args()
     from local_server import SGLangServer
@@ -149,10 +206,19 @@ def main() -> None:
     prompts = [(c, spec_bench._encode(tokenizer, p)) for c in prompt_sets.CATEGORIES
                for p in prompt_sets.load(c, args.split, args.num_prompts)]
     shape = spec_bench.parse_args([])  # spec_bench's draft shape of the explicit-shape methods
-    table = spec_bench.methods(shape.steps, shape.topk, shape.num_draft_tokens)
+    table = spec_bench.methods(shape.steps, shape.topk, shape.num_draft_tokens,
+                               args.block_draft or build_smollm2.block_draft_dir(args.target))
+    for spec in args.variant:
+        m = spec_bench.variant(table, spec)
+        table[m.name] = m
     names = args.methods.split(",")
     out_dir = args.json.parent
     out_dir.mkdir(parents=True, exist_ok=True)
+    envs = {}
+    if args.plain_block_steps:
+        table[spec_bench.PLAIN_BLOCK] = table["GRAFT-DFlash"]
+        names.append(spec_bench.PLAIN_BLOCK)
+        envs[spec_bench.PLAIN_BLOCK] = spec_bench.plain_block_env(out_dir / "plain_block_site")
     tokens = {n: [0, 0, 0] for n in names}  # completion tokens, requests, decode steps
     counting = threading.Lock()
     load = [] if args.concurrency == 1 else ["--max-running-requests", str(args.concurrency),
@@ -171,7 +237,7 @@ def main() -> None:
         for name in names:
             servers[name] = srv = running.enter_context(SGLangServer(
                 model, spec_bench.server_args(table[name], draft, "float32") + load,
-                log_path=out_dir / f"step_profile-{name}.log"))
+                log_path=out_dir / f"step_profile-{name}.log", env=envs.get(name)))
             srv.generate_ids(prompts[0][1][:8], 4)  # warm-up, outside the samples
         with contextlib.ExitStack() as sampled:
             for n, srv in servers.items():

@@ -58,6 +58,10 @@ class _Rings:
     def filled(self) -> list[tuple[int, ...]]:
         return [tuple(i) for i in np.argwhere(self.count > 0).tolist()]
 
+    def clear(self, index: tuple[int, ...]) -> None:
+        """Forget the cell's observations."""
+        self.count[index] = 0
+
 
 def fit_context_slope(groups: Sequence[np.ndarray], min_span: float = 0.0) -> Optional[float]:
     """Seconds per token of context, from groups of ``[n, 2]`` (seconds, context) observations of

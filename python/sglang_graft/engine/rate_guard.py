@@ -23,7 +23,9 @@ A caller whose steps are never plain by their own choice asks :meth:`probe_plain
 run plain so that both rates are measured. GRAFT's block mode keeps two guards of this kind: in its
 draft guard "plain" is a step without a draft forward, its blocks holding retrieved chains alone; in
 its plain guard "speculative" is the kind the draft guard prefers and "plain" a step verifying the
-roots alone, one row per request (``sglang/block_worker.py``).
+roots alone, one row per request, and where the draft guard's preference changes, the plain guard
+forgets its speculative steps of that bucket (:meth:`forget`), which were of the other kind
+(``sglang/block_worker.py``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,21 @@ class RateGuard:
         b = StepCost.bucket(bs)
         plain, speculative = self._rates.get((b, 0)), self._rates.get((b, 1))
         return plain is not None and speculative is not None and speculative < plain
+
+    def losing(self) -> np.ndarray:
+        """``[StepCost.BUCKETS]`` bool: :meth:`speculation_loses` of every bucket, as published."""
+        out = np.zeros(StepCost.BUCKETS, dtype=bool)
+        for (b, k), rate in self._rates.items():
+            out[b] |= k == 1 and rate < self._rates.get((b, 0), -1.0)
+        return out
+
+    def forget(self, bucket: int, plain: bool) -> None:
+        """Drop bucket ``bucket``'s steps of one kind (and their published rate): the bucket is not
+        judged again until ``min_steps`` new ones are timed and published. For a caller whose steps of
+        that kind changed what they are (see ``sglang/block_worker.py``)."""
+        kind = 0 if plain else 1
+        self._rings.clear((bucket, kind))
+        self._rates.pop((bucket, kind), None)
 
     def plain_now(self, bs: int) -> bool:
         """Whether a step of ``bs`` requests is plain by the guard: its bucket's speculation loses

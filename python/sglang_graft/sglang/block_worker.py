@@ -83,6 +83,7 @@ import time
 from types import SimpleNamespace
 from typing import Optional
 
+import numpy as np
 import torch
 
 from sglang_graft.engine.retrieval_state import GraftRetrieval
@@ -355,7 +356,8 @@ class GraftDFlashWorker(DFlashWorkerV2):
         loses; the other kind's probes would make speculating look worse than it is where chosen).
         A step left to the chains by retrieval's confidence is timed by neither (only confident steps
         are, so it would flatter the steps without the draft). Rates published every
-        ``PUBLISH_EVERY`` batch steps, summed over the ranks."""
+        ``PUBLISH_EVERY`` batch steps, summed over the ranks; where the draft guard's preference
+        changes, the plain guard forgets its speculative steps there (they timed the other kind)."""
         bs = len(step.rids)
         if step.plain:
             self.plain_guard.observe(bs=bs, plain=True, committed=committed, seconds=seconds)
@@ -364,7 +366,10 @@ class GraftDFlashWorker(DFlashWorkerV2):
             if step.drafted != self.draft_guard.speculation_loses(bs):
                 self.plain_guard.observe(bs=bs, plain=False, committed=committed, seconds=seconds)
         if self.block_counters.batch_steps % self.PUBLISH_EVERY == 0:
+            before = self.draft_guard.losing()
             self.draft_guard.publish(self.all_reduce_sum)
+            for b in np.nonzero(self.draft_guard.losing() != before)[0].tolist():  # the preferred kind changed
+                self.plain_guard.forget(b, plain=False)
             self.plain_guard.publish(self.all_reduce_sum)
 
     def _worth_asking(self, bs: int) -> bool:
