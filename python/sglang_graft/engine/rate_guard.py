@@ -82,10 +82,7 @@ class RateGuard:
 
     def losing(self) -> np.ndarray:
         """``[StepCost.BUCKETS]`` bool: :meth:`speculation_loses` of every bucket, as published."""
-        out = np.zeros(StepCost.BUCKETS, dtype=bool)
-        for (b, k), rate in self._rates.items():
-            out[b] |= k == 1 and rate < self._rates.get((b, 0), -1.0)
-        return out
+        return np.array([self.speculation_loses(2 ** b) for b in range(StepCost.BUCKETS)])
 
     def forget(self, bucket: int, plain: bool) -> None:
         """Drop bucket ``bucket``'s steps of one kind (and their published rate): the bucket is not
