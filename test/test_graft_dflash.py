@@ -522,12 +522,13 @@ def _decide(worker, n, bs=1):
     return steps, [worker._undrafted(step) for step in steps]
 
 
-def _publish(worker, bs, committed_by_kind, steps=4):
-    """``steps`` timed steps of each kind at ``bs`` (committed tokens in 0.1 s) then a publication."""
+def _publish(worker, bs, committed_by_kind, rounds=4):
+    """``rounds`` of one timed step of each kind in turn at ``bs`` (committed tokens in 0.1 s), so
+    that the guards pair them, then a publication."""
     from sglang_graft.sglang.block_step import BlockStep
 
-    for kind, committed in committed_by_kind.items():
-        for _ in range(steps):
+    for _ in range(rounds):
+        for kind, committed in committed_by_kind.items():
             step = BlockStep(rids=list(range(bs)), bonus=torch.ones(bs, dtype=torch.int64),
                              drafted=kind == "drafted", guarded=kind != "drafted", plain=kind == "plain")
             worker._time_step(step, committed=committed, seconds=0.1)
@@ -546,24 +547,25 @@ def test_the_draft_is_left_out_where_steps_with_it_realized_fewer_tokens_per_sec
     (step,), (undrafted,) = _decide(worker, 1)
     assert undrafted and not step.drafted and not step.guarded and torch.equal(step.chain, worker.chains[0])
     worker._time_step(step, committed=4, seconds=0.1)
-    assert worker.draft_guard._rings.count.sum() == worker.plain_guard._rings.count.sum() == 0
+    assert worker.draft_guard._last is None and worker.plain_guard._last is None
     worker.expected = 1.0
     steps, undrafted = _decide(worker, 16)
     assert [i + 1 for i, u in enumerate(undrafted) if u] == [8, 16]  # probes: the rate without the draft unknown
     assert all(s.guarded == u and s.drafted != u and not s.plain for s, u in zip(steps, undrafted))
     for step in steps[:8]:
         worker._time_step(step, committed=2 if step.drafted else 3, seconds=0.1)
-    assert worker.draft_guard._rings.count[0].tolist() == [1, 7]  # bucket bs 1: chains alone 1, drafted 7
-    assert worker.plain_guard._rings.count[0].tolist() == [0, 7]  # the drafted steps: the kind preferred so far
+    assert worker.draft_guard.pairs.count[0] == 1  # bucket bs 1: the 7th drafted step and the chains' step
+    assert worker.plain_guard.pairs.count[0] == 0 and worker.plain_guard._last[:2] == (1, False)  # drafted: preferred
     _publish(worker, 1, {"drafted": 2, "chains": 3})  # 20 against 30 tokens per second
     assert worker.draft_guard.speculation_loses(1) and not worker.plain_guard.speculation_loses(1)
     steps, undrafted = _decide(worker, 16)
     assert [i + 1 for i, u in enumerate(undrafted) if not u] == [8, 16]  # the draft guard's probes draft
     assert all(s.guarded and not s.plain for s, u in zip(steps, undrafted) if u)
-    counted = worker.plain_guard._rings.count[0, 1]
+    timed = []
+    worker.plain_guard.observe = lambda **step: timed.append(step["plain"])
     for step in steps:  # drafting loses now: the plain guard times the chains' steps only
         worker._time_step(step, committed=2, seconds=0.1)
-    assert worker.plain_guard._rings.count[0, 1] == counted + 14
+    assert timed == [False] * 14
 
 
 def test_a_step_is_plain_where_speculating_realized_fewer_tokens_per_second_than_plain_steps():
@@ -590,17 +592,18 @@ def test_a_step_is_plain_where_speculating_realized_fewer_tokens_per_second_than
 
 def test_plain_steps_are_compared_with_the_kind_a_step_would_now_take():
     """The plain guard's speculative steps are those of the kind the draft guard prefers; where that
-    preference changes (drafting loses to the chains alone), the drafted steps it timed are forgotten,
-    so plain steps (30 tokens a second here) are not judged against the dropped drafted ones (20) but
-    against the chains' (40), and the batch steps speculate."""
+    preference changes (drafting loses to the chains alone), its pairs of plain and drafted steps are
+    forgotten, so plain steps (30 tokens a second here) are not judged against the dropped drafted ones
+    (10) but against the chains' (40), and the batch steps speculate. (Kept, the old pairs would
+    outweigh the new: speculation would lose.)"""
     worker = _guarded_worker(verify_rows_from=2)
     worker.chains = tuple(t.expand(2, -1) for t in worker.chains)
-    _publish(worker, 2, {"drafted": 2, "plain": 3})  # the draft guard has no chains steps yet: drafting preferred
+    _publish(worker, 2, {"drafted": 1, "plain": 3})  # the draft guard has no chains steps yet: drafting preferred
     assert worker.plain_guard.speculation_loses(2) and not worker.draft_guard.speculation_loses(2)
-    _publish(worker, 2, {"chains": 4})  # drafting loses now: the plain guard's drafted steps are dropped
+    _publish(worker, 2, {"drafted": 1, "chains": 4})  # drafting loses now: the plain guard's pairs are dropped
     assert worker.draft_guard.speculation_loses(2) and not worker.plain_guard.speculation_loses(2)
-    assert worker.plain_guard._rings.count[1].tolist() == [4, 0]  # bucket bs 2-3: plain, speculative
-    _publish(worker, 2, {"chains": 4})  # timed by the plain guard as its speculative kind
+    assert worker.plain_guard.pairs.count[1] == 0  # bucket bs 2-3
+    _publish(worker, 2, {"chains": 4, "plain": 3})  # the chains' steps: the plain guard's speculative kind
     assert worker.plain_guard.as_dict()["bs2"] == {"plain": 30.0, "speculative": 40.0}
     steps, _ = _decide(worker, 8, bs=2)
     assert not any(s.plain for s in steps) and sum(s.drafted for s in steps) == 1  # the draft guard's probe

@@ -22,13 +22,13 @@ chain alone is expected to have ``--speculative-graft-skip-draft-tokens`` tokens
 runs no draft forward and no pick, and the blocks hold those chains (``undrafted_batch_steps`` in
 ``/server_info``). And where drafting does not pay for what it costs: two rate guards of the EAGLE-3
 step's kind (:class:`~sglang_graft.engine.rate_guard.RateGuard`) keep, per batch-size bucket, the
-tokens per second that steps realized. The draft guard compares steps with the draft against steps
+tokens per second that neighbouring steps of the two kinds realized. The draft guard compares steps with the draft against steps
 with retrieval's chains alone; where the drafted ones realized fewer, a step leaves the draft out.
 The plain guard, where blocks are cut after their rows (``--speculative-graft-ragged``), compares
 steps of the kind the draft guard prefers against plain ones (the roots alone: one verified row per
 request, a decode step); where plain ones realized more, a step is plain. Each guard keeps its
 losing kind measured (one step in eight takes it) and measures an unjudged bucket's plain kind (one
-step in eight until four are timed, then one in 64) (``guarded_batch_steps``, ``plain_batch_steps``,
+step in eight until four pairs are formed, then one in 64) (``guarded_batch_steps``, ``plain_batch_steps``,
 ``rate_guard`` in ``/server_info``). Steps left to the chains by retrieval's confidence are timed by
 neither, so no guard compares confident steps with others.
 
@@ -357,7 +357,7 @@ class GraftDFlashWorker(DFlashWorkerV2):
         A step left to the chains by retrieval's confidence is timed by neither (only confident steps
         are, so it would flatter the steps without the draft). Rates published every
         ``PUBLISH_EVERY`` batch steps, summed over the ranks; where the draft guard's preference
-        changes, the plain guard forgets its speculative steps there (they timed the other kind)."""
+        changes, the plain guard forgets its pairs there (their speculative steps were the other kind)."""
         bs = len(step.rids)
         if step.plain:
             self.plain_guard.observe(bs=bs, plain=True, committed=committed, seconds=seconds)
@@ -369,7 +369,7 @@ class GraftDFlashWorker(DFlashWorkerV2):
             before = self.draft_guard.losing()
             self.draft_guard.publish(self.all_reduce_sum)
             for b in np.nonzero(self.draft_guard.losing() != before)[0].tolist():  # the preferred kind changed
-                self.plain_guard.forget(b, plain=False)
+                self.plain_guard.forget(b)
             self.plain_guard.publish(self.all_reduce_sum)
 
     def _worth_asking(self, bs: int) -> bool:
