@@ -66,6 +66,10 @@ def test_a_block_drafts_samples_are_sorted_by_where_its_step_is(tmp_path):
     ])
     path = tmp_path / "block.raw"
     path.write_text(raw)
+    sglang_pick = ["scheduler.py:run_batch:2", f"dflash_worker_v2.py:DFlashWorkerV2.forward_batch_generation:{end + 300}",
+                   "dflash_worker_v2.py:DFlashWorkerV2._greedy_sample_from_vocab_parallel_head:700"]
+    assert step_profile.classify_block(sglang_pick, end, "DFLASH") == "draft forward"
+    assert step_profile.classify_block(sglang_pick, end, "GRAFT-DFlash") == "step logic"
     assert step_profile.parts(path, "GRAFT-DFlash-plain") == {
         "prefill": 8, "linear": 5, "attention": 3, "forward rest": 2, "draft forward": 10, "draft KV append": 9,
         "step logic": 8, "idle and other processes": 1}

@@ -64,9 +64,11 @@ import spec_bench  # noqa: E402
 
 PARTS = ("prefill", "linear", "attention", "forward rest", "draft forward", "draft KV append", "step logic",
          "idle and other processes")
-STEP = ("linear", "attention", "forward rest", "draft forward", "draft KV append", "step logic")  # a decode step's
+STEP = ("linear", "attention", "forward rest", "draft forward", "draft KV append", "step logic")  # a decode step's parts
 BLOCK_PREFIXES = ("DFLASH", "GRAFT-DFlash")  # methods drafting with a DFlash block draft
 DFLASH_FILE = "dflash_worker_v2.py"
+
+
 def _prefill_end_line() -> int:
     """The line of SGLang's DFlash ``forward_batch_generation`` where its prefill branch ends (the
     prefill's next draft input is made): frames of that function at or above it are a prefill's."""
@@ -77,8 +79,10 @@ def _prefill_end_line() -> int:
     return first + next(i for i, line in enumerate(lines) if "_make_next_draft_input_prefill(" in line)
 
 
-def classify_block(frames: list[str], prefill_end: int) -> str:
-    """:func:`classify` for a block draft's server; ``frames`` keep their line (``file.py:func:line``)."""
+def classify_block(frames: list[str], prefill_end: int, method: str) -> str:
+    """:func:`classify` for a block draft's server; ``frames`` keep their line (``file.py:func:line``).
+    The pick (the lm_head over the block) is SGLang's ``_greedy_sample_from_vocab_parallel_head`` in
+    DFLASH; GRAFT's override calls ``block_pick.greedy_with_confidence``, the rest of it is step logic."""
     stack = ";".join(frames)
     if "run_batch" not in stack:
         return "idle and other processes"
@@ -95,8 +99,8 @@ def classify_block(frames: list[str], prefill_end: int) -> str:
         if "linear.py:_product" in stack:
             return "linear"
         return "attention" if "RadixAttention.forward" in stack else "forward rest"
-    if "block_pick.py:greedy_with_confidence" in stack or ("_greedy_sample_from_vocab_parallel_head" in stack
-                                                           and "graft" not in stack):
+    sglang_pick = method.startswith("DFLASH") and "_greedy_sample_from_vocab_parallel_head" in stack
+    if "block_pick.py:greedy_with_confidence" in stack or sglang_pick:
         return "draft forward"
     return "step logic"
 
@@ -138,7 +142,7 @@ def parts(raw: Path, method: str) -> Counter:
         stack, _, count = line.rpartition(" ")
         if stack:
             frames = [_frame(f, line=block) for f in stack.split(";")]
-            out[classify_block(frames, prefill_end) if block else classify(frames, method)] += int(count)
+            out[classify_block(frames, prefill_end, method) if block else classify(frames, method)] += int(count)
     return out
 
 
