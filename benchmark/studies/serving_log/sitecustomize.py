@@ -7,6 +7,10 @@ servers' ``PYTHONPATH`` (the decisions are unchanged).
   returns before its forward ends.
 * ``GUARD_LOG=FILE``: every step a rate guard times (``RateGuard.observe``): the process, the guard
   (its ``id``: block mode keeps two), batch size, kind, committed tokens, seconds, the time.
+* ``STEP_LOG=FILE``: every timed batch step of GRAFT's block mode (``GraftDFlashWorker._time_step``):
+  batch size, kind (``drafted``; ``guarded``: left to the chains by a rate guard; ``plain``: the
+  roots alone; ``confident``: left to the chains by retrieval's confidence), the previous step's kind,
+  seconds, committed tokens.
 
 ::
 
@@ -58,9 +62,23 @@ def _patch_guard(module):
     module.RateGuard.observe = logged
 
 
+def _patch_block_worker(module):
+    time_step = module.GraftDFlashWorker._time_step
+    state = {"prev": None}
+
+    def logged(self, step, committed, seconds):
+        kind = "plain" if step.plain else ("drafted" if step.drafted else ("guarded" if step.guarded else "confident"))
+        _write("STEP_LOG", {"bs": len(step.rids), "kind": kind, "prev": state["prev"], "s": seconds, "c": committed})
+        state["prev"] = kind
+        return time_step(self, step, committed, seconds)
+
+    module.GraftDFlashWorker._time_step = logged
+
+
 PATCHES = {name: patch for env, name, patch in (
     ("BATCH_LOG", "sglang.srt.managers.scheduler", _patch_scheduler),
-    ("GUARD_LOG", "sglang_graft.engine.rate_guard", _patch_guard)) if os.environ.get(env)}
+    ("GUARD_LOG", "sglang_graft.engine.rate_guard", _patch_guard),
+    ("STEP_LOG", "sglang_graft.sglang.block_worker", _patch_block_worker)) if os.environ.get(env)}
 
 
 class _Hook(importlib.abc.MetaPathFinder):
