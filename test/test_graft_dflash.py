@@ -206,13 +206,16 @@ def test_batched_whole_blocks_as_cuda_resolves_them(tiny_models, server_logs, re
 
 
 @pytest.mark.server
-def test_blocks_of_retrieved_chains_alone_without_a_draft_forward(tiny_models, server_logs, reference):
+def test_blocks_of_retrieved_chains_alone_without_a_draft_forward(tiny_models, server_logs, reference,
+                                                               tmp_path_factory):
     """``--speculative-graft-skip-draft-tokens 0``: every chain is expected to give enough, so no step
     runs the draft forward or the pick; each block holds its request's retrieved chain alone (the slots
     past it token 0, verified in a whole block alone, left out in a batch). Token-exact alone and
-    batched; no draft token accepted, retrieved ones accepted on the loops."""
+    batched; no draft token accepted, retrieved ones accepted on the loops. The rate guard times no
+    step (``pinned_env``): a loaded machine's timings cannot make the steps plain."""
     args = _args(tiny_models, "--speculative-graft-skip-draft-tokens", "0")
-    with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "graft-dflash-undrafted.log") as srv:
+    with SGLangServer(tiny_models["llama"], args, log_path=server_logs / "graft-dflash-undrafted.log",
+                      env=pinned_env(tmp_path_factory.mktemp("pinned-undrafted"))) as srv:
         alone = [srv.generate_ids(p, NEW_TOKENS) for p in PROMPTS]
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
             together = list(pool.map(lambda p: srv.generate_ids(p, NEW_TOKENS), PROMPTS))

@@ -124,16 +124,17 @@ def test_graft_moe_tp2_tree_check_and_sampling(tiny_models, server_logs, ids, tp
     assert "Traceback" not in log and DRIFT_ERROR not in log
 
 
-def test_graft_dflash_block_draft_tp2(tiny_models, server_logs, ids, tp2_reference):
+def test_graft_dflash_block_draft_tp2(tiny_models, server_logs, ids, tp2_reference, tmp_path):
     """GRAFT over a DFlash block draft at TP 2: each rank reads its vocabulary shard's maximum and
     log-sum-exp for the block's confidences and the ranks gather them, so both prune the block at the
     same place and graft the same chains. Greedy token-exact against the plain TP 2 server, alone
     and batched (blocks cut after their chains), every verified block's hash compared across the
-    ranks; point-mass sampling (``top_p`` 1e-6) commits exactly the greedy tokens."""
+    ranks; point-mass sampling (``top_p`` 1e-6) commits exactly the greedy tokens. The rate guards
+    time no step (``pinned_env``): a loaded machine's timings cannot leave out the draft or the chains."""
     args = ["--speculative-algorithm", "GRAFT", "--speculative-draft-model-path", str(tiny_models["qwen3-moe-dflash"]),
             "--speculative-graft-tp-check", "1", *TP2]
     with SGLangServer(tiny_models["qwen3-moe"], args, log_path=server_logs / "moe-tp2-graft-dflash.log",
-                      env=TP2_ENV) as srv:
+                      env={**TP2_ENV, **pinned_env(tmp_path / "pinned")}) as srv:
         outs = _sequential(srv, ids)
         alone = _graft_info(srv)
         together = _concurrent(srv, ids)
