@@ -73,7 +73,7 @@ def torch_sampled_verify(active: bool, *, verifies: bool) -> contextlib.Abstract
     [bs, B]`` the rows ``b * B + i``, ``retrive_next_token [bs, B]`` ``i + 1`` (-1 at the end),
     ``retrive_next_sibling`` all -1, coins ``[bs, B]`` and ``[bs]``, ``target_probs [bs, B, V]``,
     zeroed ``draft_probs``; the twin writes ``predicts [bs * B]``, ``accept_index [bs, B]`` and
-    ``accept_token_num [bs]`` in place as the kernel does (``test_graft_dflash``). The top-k / top-p
+    ``accept_token_num [bs]`` in place as the kernel does (``test_block_graft``). The top-k / top-p
     renormalisation stays SGLang's (its torch fallback where no kernel exists, as for plain sampling
     on a CPU). ``verifies``: the step verifies a block, so the op must be called (a prefill only
     skips SGLang's fallback warning). Inactive: nothing swapped."""
